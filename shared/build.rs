@@ -1,0 +1,39 @@
+//! Compiles `proto/ferry/v1/*.proto` with protox (pure Rust, no system
+//! `protoc`) and generates the prost messages and tonic clients and servers.
+//! The encoded descriptor set is written next to the generated code so the
+//! control plane can serve gRPC reflection.
+
+use std::path::PathBuf;
+
+use prost::Message;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto_root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../proto");
+    let files = [
+        "ferry/v1/common.proto",
+        "ferry/v1/config.proto",
+        "ferry/v1/agent.proto",
+        "ferry/v1/lease.proto",
+        "ferry/v1/dlq.proto",
+        "ferry/v1/metrics.proto",
+    ];
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+
+    // Imports inside the files are relative to `proto/ferry/v1`, so both that
+    // folder and the root are include paths.
+    let includes = [proto_root.join("ferry/v1"), proto_root.clone()];
+    let fds = protox::compile(files.map(|f| proto_root.join(f)), includes)?;
+
+    // compile_fds does not write the descriptor set itself.
+    std::fs::write(out_dir.join("ferry_v1_descriptor.bin"), fds.encode_to_vec())?;
+
+    // `build_transport(false)`: the generated `XClient::connect(dst)` helper
+    // would clash with the `AgentService.Connect` RPC method; clients are built
+    // with `XClient::new(channel)` instead.
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .compile_fds(fds)?;
+
+    println!("cargo:rerun-if-changed={}", proto_root.display());
+    Ok(())
+}

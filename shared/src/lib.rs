@@ -1,0 +1,11 @@
+//! ferry-shared: what the agent and the control plane have in common.
+//!
+//! - [`api`]: the generated `ferry.v1` gRPC messages, clients and servers
+//!   (from `proto/ferry/v1`), plus the encoded descriptor set for reflection.
+//! - [`config`]: the bridge configuration model (the YAML document), its
+//!   loading with `${VAR}` expansion, and the pure validator both halves run.
+//!
+//! The agent and the control plane never depend on each other; they meet here.
+#![forbid(unsafe_code)]
+
+pub mod api;
