@@ -1,0 +1,190 @@
+//! The admin HTTP listener: `/metrics` (Prometheus text format), `/healthz`
+//! (the process is alive and serving) and `/readyz` (every session connected
+//! and every lease resolved). Extra routes — the local `DlqService` over gRPC
+//! — are merged in by the runtime through [`router`]'s caller.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::net::TcpListener;
+
+use crate::metrics::Metrics;
+
+/// Named readiness conditions ("session mqtt-conn connected", "lease of
+/// route sensor-ingest resolved"). The agent is ready when every registered
+/// condition holds.
+#[derive(Clone, Debug, Default)]
+pub struct Readiness {
+    conditions: Arc<Mutex<BTreeMap<String, bool>>>,
+}
+
+impl Readiness {
+    /// Registers `name` (initially not met) and returns its handle. The
+    /// condition is removed when the handle is dropped, so a route or session
+    /// that stops does not keep the agent unready.
+    pub fn condition(&self, name: impl Into<String>) -> ReadinessCondition {
+        let name = name.into();
+        self.lock().insert(name.clone(), false);
+        ReadinessCondition {
+            readiness: self.clone(),
+            name,
+        }
+    }
+
+    /// The names of every condition not met, in order.
+    pub fn unmet(&self) -> Vec<String> {
+        self.lock()
+            .iter()
+            .filter(|(_, met)| !**met)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, bool>> {
+        self.conditions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One readiness condition; see [`Readiness::condition`].
+#[derive(Debug)]
+pub struct ReadinessCondition {
+    readiness: Readiness,
+    name: String,
+}
+
+impl ReadinessCondition {
+    /// Marks the condition met or not.
+    pub fn set(&self, met: bool) {
+        if let Some(value) = self.readiness.lock().get_mut(&self.name) {
+            *value = met;
+        }
+    }
+}
+
+impl Drop for ReadinessCondition {
+    fn drop(&mut self) {
+        self.readiness.lock().remove(&self.name);
+    }
+}
+
+#[derive(Clone)]
+struct AdminState {
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+}
+
+/// The admin routes.
+pub fn router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .with_state(AdminState { metrics, readiness })
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn metrics_text(State(state): State<AdminState>) -> Response {
+    match state.metrics.encode() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {error}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn ready(State(state): State<AdminState>) -> Response {
+    let unmet = state.readiness.unmet();
+    if unmet.is_empty() {
+        (StatusCode::OK, "ready\n".to_owned()).into_response()
+    } else {
+        let mut body = String::from("not ready:\n");
+        for name in unmet {
+            body.push_str("- ");
+            body.push_str(&name);
+            body.push('\n');
+        }
+        (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn get_text(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.expect("read");
+        let status = response[9..12].parse().expect("status code");
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    #[tokio::test]
+    async fn readiness_follows_its_conditions() {
+        let metrics = Arc::new(Metrics::new());
+        metrics.binding("b", "r", "x").received(2);
+        let readiness = Readiness::default();
+        let session = readiness.condition("session mqtt-conn connected");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            router(metrics, readiness.clone()),
+            shutdown.clone().cancelled_owned(),
+        ));
+
+        assert_eq!(get_text(addr, "/healthz").await.0, 200);
+        let (status, body) = get_text(addr, "/readyz").await;
+        assert_eq!(status, 503);
+        assert!(body.contains("session mqtt-conn connected"), "{body}");
+
+        session.set(true);
+        assert_eq!(get_text(addr, "/readyz").await.0, 200);
+        session.set(false);
+        assert_eq!(get_text(addr, "/readyz").await.0, 503);
+        drop(session);
+        assert_eq!(get_text(addr, "/readyz").await.0, 200);
+
+        let (status, body) = get_text(addr, "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(body.contains("ferry_messages_received_total"), "{body}");
+
+        shutdown.cancel();
+        server.await.expect("join").expect("serve");
+    }
+}

@@ -1,0 +1,5 @@
+//! ferry-agent.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod metrics;
