@@ -219,32 +219,114 @@ pub trait StateStore: Send + Sync + 'static {
     fn list_metrics(&self) -> StoreFuture<'_, Vec<MetricsRecord>>;
 }
 
-/// Opens the state store a URL names:
-///
-/// - `sqlite:///abs/path/state.db` (absolute) or `sqlite://relative/state.db`
-///   (relative to the working directory): the embedded store, created with
-///   its directory if missing;
-/// - `postgres://...` or `postgresql://...`: a PostgreSQL database (libpq
-///   URL syntax), whose schema is created if missing.
+/// Where the state lives, as named by a state URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateUrl {
+    /// An SQLite database file.
+    Sqlite(std::path::PathBuf),
+    /// A PostgreSQL database (the URL, libpq syntax).
+    Postgres(String),
+}
+
+impl StateUrl {
+    /// Parses `sqlite:///abs/path/state.db` (absolute),
+    /// `sqlite://relative/state.db` (relative to the working directory), or
+    /// `postgres://...` / `postgresql://...`.
+    pub fn parse(url: &str) -> StateResult<Self> {
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                return Err(StateError::invalid(format!(
+                    "state url {url:?} names no file (expected sqlite:///path/state.db)"
+                )));
+            }
+            Ok(Self::Sqlite(path.into()))
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Self::Postgres(url.to_owned()))
+        } else {
+            Err(StateError::invalid(format!(
+                "unsupported state url {url:?}: expected sqlite:///path/state.db or postgres://..."
+            )))
+        }
+    }
+}
+
+/// Opens the state store a URL names (see [`StateUrl::parse`]): an SQLite
+/// file is created, with its directory, if missing; a PostgreSQL database
+/// must exist. Either way the schema is created or brought up to date.
 pub async fn open_state_store(url: &str) -> StateResult<Arc<dyn StateStore>> {
-    if let Some(path) = url.strip_prefix("sqlite://") {
-        if path.is_empty() {
-            return Err(StateError::invalid(format!(
-                "state url {url:?} names no file (expected sqlite:///path/state.db)"
-            )));
+    match StateUrl::parse(url)? {
+        StateUrl::Sqlite(path) => {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                tokio::fs::create_dir_all(parent).await.map_err(|e| {
+                    StateError::Unavailable(format!("creating {}: {e}", parent.display()))
+                })?;
+            }
+            Ok(Arc::new(sqlite::SqliteStore::open(path).await?))
         }
-        let path = std::path::Path::new(path);
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            tokio::fs::create_dir_all(parent).await.map_err(|e| {
-                StateError::Unavailable(format!("creating {}: {e}", parent.display()))
-            })?;
+        StateUrl::Postgres(url) => Ok(Arc::new(postgres::PostgresStore::connect(&url).await?)),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_state_urls() {
+        assert_eq!(
+            StateUrl::parse("sqlite:///var/lib/ferry/state.db").unwrap(),
+            StateUrl::Sqlite("/var/lib/ferry/state.db".into())
+        );
+        assert_eq!(
+            StateUrl::parse("sqlite://data/state.db").unwrap(),
+            StateUrl::Sqlite("data/state.db".into())
+        );
+        for url in [
+            "postgres://u@h/db",
+            "postgresql://u@h:5432/db?sslmode=disable",
+        ] {
+            assert_eq!(
+                StateUrl::parse(url).unwrap(),
+                StateUrl::Postgres(url.into())
+            );
         }
-        Ok(Arc::new(sqlite::SqliteStore::open(path).await?))
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(postgres::PostgresStore::connect(url).await?))
-    } else {
-        Err(StateError::invalid(format!(
-            "unsupported state url {url:?}: expected sqlite:///path/state.db or postgres://..."
-        )))
+        for bad in ["sqlite://", "mysql://h/db", "/var/lib/state.db", ""] {
+            assert!(
+                matches!(StateUrl::parse(bad), Err(StateError::Invalid(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn opens_sqlite_by_url_and_reopens_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/nested/dir/state.db", dir.path().display());
+        let apply = ApplyConfig {
+            bridge_id: "b".into(),
+            yaml: "a: 1".into(),
+            selector: Labels::new(),
+            change_note: String::new(),
+            expected_version: None,
+        };
+        {
+            let store = open_state_store(&url).await.unwrap();
+            assert_eq!(store.apply_config(apply).await.unwrap().config.version, 1);
+        }
+        let store = open_state_store(&url).await.unwrap();
+        assert_eq!(store.get_config("b", None).await.unwrap().yaml, "a: 1");
+    }
+
+    #[tokio::test]
+    async fn opens_postgres_by_url() {
+        let database = postgres::testing::TestDatabase::create().await;
+        let store = open_state_store(database.url()).await.unwrap();
+        assert!(store.list_agents().await.unwrap().is_empty());
+        let tls = format!("{}?sslmode=require", database.url());
+        assert!(matches!(
+            open_state_store(&tls).await.map(drop),
+            Err(StateError::Invalid(_))
+        ));
     }
 }

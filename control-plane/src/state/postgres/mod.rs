@@ -17,31 +17,14 @@
 //! [`PostgresStore::connect`], where `tokio-postgres-rustls` will plug in).
 
 use std::str::FromStr;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{GenericClient, NoTls};
 
 use super::error::{StateError, StateResult};
-use super::paging::{Page, PageRequest};
-use super::rows;
-use super::sql::SqlArg;
-use super::types::{
-    AgentBridgeEvent, AgentHello, AgentRecord, AppliedConfig, ApplyConfig, ConfigVersion, DlqEntry,
-    DlqFilter, DlqStat, Lease, LeaseAcquisition, MetricsRecord, StoredConfig,
-};
-use super::{StateStore, StoreFuture};
-
-mod agents;
-mod configs;
-mod dlq;
-mod leases;
-mod metrics;
-#[cfg(test)]
-pub(crate) mod testing;
 
 /// Schema migrations, in order; the schema version is the number applied.
 const MIGRATIONS: &[&str] = &[include_str!("schema_v1.sql")];
@@ -50,7 +33,7 @@ const MIGRATIONS: &[&str] = &[include_str!("schema_v1.sql")];
 const MIGRATION_LOCK: i64 = 0x0046_6572_7279; // "Ferry"
 
 /// How often a transaction is tried when it loses a race.
-const MAX_ATTEMPTS: u32 = 8;
+pub(super) const MAX_ATTEMPTS: u32 = 8;
 
 /// Connections per store.
 const POOL_SIZE: usize = 16;
@@ -209,8 +192,20 @@ macro_rules! on_connection {
     }};
 }
 
+mod agents;
+mod configs;
+mod dlq;
+mod leases;
+mod metrics;
+mod query;
+mod store;
+#[cfg(test)]
+pub(crate) mod testing;
+
+use query::{exec, pg, query_all, query_opt};
+
 /// Whether a transaction failed only because a concurrent one won.
-fn lost_race(error: &tokio_postgres::Error) -> bool {
+pub(super) fn lost_race(error: &tokio_postgres::Error) -> bool {
     matches!(
         error.code(),
         Some(&SqlState::T_R_SERIALIZATION_FAILURE)
@@ -220,255 +215,12 @@ fn lost_race(error: &tokio_postgres::Error) -> bool {
 }
 
 /// Maps a database error to what is known about the operation.
-fn db_err(error: tokio_postgres::Error) -> StateError {
+pub(super) fn db_err(error: tokio_postgres::Error) -> StateError {
     match error.as_db_error() {
         Some(db) => {
             StateError::Unavailable(format!("postgres: {}: {}", db.code().code(), db.message()))
         }
         None => StateError::Unavailable(format!("postgres: {error}")),
-    }
-}
-
-/// A statement written with `?N` placeholders (see `state::sql`) in
-/// PostgreSQL's `$N` spelling.
-pub(super) fn pg(sql: &str) -> String {
-    sql.replace('?', "$")
-}
-
-fn params(args: &[SqlArg]) -> Vec<&(dyn ToSql + Sync)> {
-    args.iter()
-        .map(|arg| -> &(dyn ToSql + Sync) {
-            match arg {
-                SqlArg::Text(text) => text,
-                SqlArg::OptText(text) => text,
-                SqlArg::Int(value) => value,
-                SqlArg::OptInt(value) => value,
-                SqlArg::Bytes(bytes) => bytes,
-            }
-        })
-        .collect()
-}
-
-/// Runs a statement (`?N` placeholders); returns the number of rows changed.
-pub(super) async fn exec(
-    client: &(impl GenericClient + Sync),
-    sql: &str,
-    args: &[SqlArg],
-) -> TxResult<u64> {
-    Ok(client.execute(&pg(sql), &params(args)).await?)
-}
-
-/// Runs a query (`?N` placeholders) and reads every row with `read`.
-pub(super) async fn query_all<T>(
-    client: &(impl GenericClient + Sync),
-    sql: &str,
-    args: &[SqlArg],
-    read: impl Fn(&tokio_postgres::Row) -> StateResult<T>,
-) -> TxResult<Vec<T>> {
-    let rows = client.query(&pg(sql), &params(args)).await?;
-    Ok(rows.iter().map(read).collect::<StateResult<Vec<T>>>()?)
-}
-
-/// Runs a query (`?N` placeholders) and reads its first row, if any.
-pub(super) async fn query_opt<T>(
-    client: &(impl GenericClient + Sync),
-    sql: &str,
-    args: &[SqlArg],
-    read: impl Fn(&tokio_postgres::Row) -> StateResult<T>,
-) -> TxResult<Option<T>> {
-    let rows = client.query(&pg(sql), &params(args)).await?;
-    Ok(rows.first().map(read).transpose()?)
-}
-
-fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
-    row: &'a tokio_postgres::Row,
-    index: usize,
-) -> StateResult<T> {
-    row.try_get(index)
-        .map_err(|e| StateError::corrupt(format!("column {index}: {e}")))
-}
-
-impl rows::Row for tokio_postgres::Row {
-    fn text(&self, index: usize) -> StateResult<String> {
-        column(self, index)
-    }
-    fn opt_text(&self, index: usize) -> StateResult<Option<String>> {
-        column(self, index)
-    }
-    fn int(&self, index: usize) -> StateResult<i64> {
-        column(self, index)
-    }
-    fn opt_int(&self, index: usize) -> StateResult<Option<i64>> {
-        column(self, index)
-    }
-    fn boolean(&self, index: usize) -> StateResult<bool> {
-        column(self, index)
-    }
-    fn bytes(&self, index: usize) -> StateResult<Vec<u8>> {
-        column(self, index)
-    }
-}
-
-impl StateStore for PostgresStore {
-    fn apply_config(&self, apply: ApplyConfig) -> StoreFuture<'_, AppliedConfig> {
-        Box::pin(async move {
-            let now = SystemTime::now();
-            in_transaction!(self, |tx| configs::apply(&tx, &apply, now))
-        })
-    }
-
-    fn get_config<'a>(
-        &'a self,
-        bridge_id: &'a str,
-        version: Option<u64>,
-    ) -> StoreFuture<'a, StoredConfig> {
-        Box::pin(async move { on_connection!(self, |c| configs::get(c, bridge_id, version)) })
-    }
-
-    fn list_configs(&self, page: PageRequest) -> StoreFuture<'_, Page<StoredConfig>> {
-        Box::pin(async move { on_connection!(self, |c| configs::list(c, &page)) })
-    }
-
-    fn list_config_versions<'a>(
-        &'a self,
-        bridge_id: &'a str,
-        page: PageRequest,
-    ) -> StoreFuture<'a, Page<ConfigVersion>> {
-        Box::pin(async move { on_connection!(self, |c| configs::versions(c, bridge_id, &page)) })
-    }
-
-    fn delete_config<'a>(
-        &'a self,
-        bridge_id: &'a str,
-        expected_version: Option<u64>,
-    ) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            in_transaction!(self, |tx| configs::delete(&tx, bridge_id, expected_version))
-        })
-    }
-
-    fn upsert_agent(&self, hello: AgentHello) -> StoreFuture<'_, ()> {
-        Box::pin(async move { in_transaction!(self, |tx| agents::upsert(&tx, &hello)) })
-    }
-
-    fn mark_agent_seen<'a>(&'a self, agent_id: &'a str, at: SystemTime) -> StoreFuture<'a, ()> {
-        Box::pin(async move { in_transaction!(self, |tx| agents::seen(&tx, agent_id, at)) })
-    }
-
-    fn mark_agent_disconnected<'a>(
-        &'a self,
-        agent_id: &'a str,
-        at: SystemTime,
-    ) -> StoreFuture<'a, ()> {
-        Box::pin(async move { in_transaction!(self, |tx| agents::disconnected(&tx, agent_id, at)) })
-    }
-
-    fn record_agent_bridge<'a>(
-        &'a self,
-        agent_id: &'a str,
-        bridge_id: &'a str,
-        event: AgentBridgeEvent,
-        at: SystemTime,
-    ) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            in_transaction!(self, |tx| agents::record(
-                &tx, agent_id, bridge_id, &event, at
-            ))
-        })
-    }
-
-    fn get_agent<'a>(&'a self, agent_id: &'a str) -> StoreFuture<'a, AgentRecord> {
-        Box::pin(async move { on_connection!(self, |c| agents::get(c, agent_id)) })
-    }
-
-    fn list_agents(&self) -> StoreFuture<'_, Vec<AgentRecord>> {
-        Box::pin(async move { on_connection!(self, |c| agents::list(c)) })
-    }
-
-    fn acquire_lease<'a>(
-        &'a self,
-        key: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-        now: SystemTime,
-    ) -> StoreFuture<'a, LeaseAcquisition> {
-        Box::pin(
-            async move { in_transaction!(self, |tx| leases::acquire(&tx, key, holder, ttl, now)) },
-        )
-    }
-
-    fn renew_lease<'a>(
-        &'a self,
-        key: &'a str,
-        holder: &'a str,
-        version: u64,
-        ttl: Duration,
-        now: SystemTime,
-    ) -> StoreFuture<'a, Lease> {
-        Box::pin(async move {
-            in_transaction!(self, |tx| leases::renew(
-                &tx, key, holder, version, ttl, now
-            ))
-        })
-    }
-
-    fn release_lease<'a>(
-        &'a self,
-        key: &'a str,
-        holder: &'a str,
-        version: u64,
-    ) -> StoreFuture<'a, ()> {
-        Box::pin(
-            async move { in_transaction!(self, |tx| leases::release(&tx, key, holder, version)) },
-        )
-    }
-
-    fn list_leases<'a>(
-        &'a self,
-        prefix: &'a str,
-        page: PageRequest,
-    ) -> StoreFuture<'a, Page<Lease>> {
-        Box::pin(async move { on_connection!(self, |c| leases::list(c, prefix, &page)) })
-    }
-
-    fn put_dlq(&self, entry: DlqEntry) -> StoreFuture<'_, bool> {
-        Box::pin(async move { in_transaction!(self, |tx| dlq::put(&tx, &entry)) })
-    }
-
-    fn list_dlq<'a>(
-        &'a self,
-        filter: &'a DlqFilter,
-        page: PageRequest,
-    ) -> StoreFuture<'a, Page<DlqEntry>> {
-        Box::pin(async move { on_connection!(self, |c| dlq::list(c, filter, &page)) })
-    }
-
-    fn get_dlq<'a>(&'a self, id: &'a str) -> StoreFuture<'a, DlqEntry> {
-        Box::pin(async move { on_connection!(self, |c| dlq::get(c, id)) })
-    }
-
-    fn delete_dlq<'a>(&'a self, id: &'a str) -> StoreFuture<'a, ()> {
-        Box::pin(async move { in_transaction!(self, |tx| dlq::delete(&tx, id)) })
-    }
-
-    fn purge_dlq<'a>(&'a self, filter: &'a DlqFilter) -> StoreFuture<'a, u64> {
-        Box::pin(async move { in_transaction!(self, |tx| dlq::purge(&tx, filter)) })
-    }
-
-    fn dlq_stats<'a>(&'a self, filter: &'a DlqFilter) -> StoreFuture<'a, Vec<DlqStat>> {
-        Box::pin(async move { on_connection!(self, |c| dlq::stats(c, filter)) })
-    }
-
-    fn put_metrics(&self, record: MetricsRecord) -> StoreFuture<'_, ()> {
-        Box::pin(async move { in_transaction!(self, |tx| metrics::put(&tx, &record)) })
-    }
-
-    fn get_metrics<'a>(&'a self, agent_id: &'a str) -> StoreFuture<'a, MetricsRecord> {
-        Box::pin(async move { on_connection!(self, |c| metrics::get(c, agent_id)) })
-    }
-
-    fn list_metrics(&self) -> StoreFuture<'_, Vec<MetricsRecord>> {
-        Box::pin(async move { on_connection!(self, |c| metrics::list(c)) })
     }
 }
 
