@@ -207,6 +207,25 @@ mod tests {
             let _ = load_bytes(&bytes, &no_env);
         }
 
+        /// Splice random text into the reference document: loading and validating whatever
+        /// parses must return, never panic.
+        #[test]
+        fn load_and_validate_never_panic_on_edited_documents(
+            at in 0usize..2000,
+            cut in 0usize..40,
+            insert in "[a-z_:{}\\[\\]$\\-#&*!|>'\" \n0-9.]{0,20}",
+        ) {
+            let seed = include_str!("testdata/seed_main.yaml");
+            let at = at.min(seed.len());
+            let end = (at + cut).min(seed.len());
+            if seed.is_char_boundary(at) && seed.is_char_boundary(end) {
+                let text = format!("{}{insert}{}", &seed[..at], &seed[end..]);
+                if let Ok(config) = load_str(&text, &no_env) {
+                    let _ = super::super::validate(&config);
+                }
+            }
+        }
+
         #[test]
         fn loader_never_panics_on_yamlish_text(text in "[a-z_:{}\\[\\]$\\-#&*!|>'\" \n0-9.]{0,300}") {
             let _ = load_str(&text, &no_env);
