@@ -1,0 +1,334 @@
+//! Sessions, receivers, senders and bindings: the transport half of the document.
+//!
+//! The YAML keeps a session's transport (`transport: mqtt`) beside its options
+//! (`options.session`), and receivers and senders take their transport from their session. So
+//! the options blocks hold the keys of every transport (all optional), and the validator rejects
+//! a key that does not belong to the session's transport and requires the ones that must be set.
+//! [`Session::mqtt`] / [`Session::sqs`] give the typed, defaulted view the runtime uses.
+//!
+//! (A serde enum tagged by `transport` was the alternative; serde buffers such an enum before it
+//! knows the variant, and with serde-saphyr that loses both the error location and the scalar
+//! typing that lets `password: 123456` be a string.)
+
+use serde::Deserialize;
+
+use super::duration::Duration;
+
+/// The kind of broker or service a session connects to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// An MQTT broker (v5 or v3.1.1).
+    Mqtt,
+    /// Amazon SQS (or a compatible endpoint).
+    Sqs,
+}
+
+impl Transport {
+    /// The name the configuration uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Mqtt => "mqtt",
+            Transport::Sqs => "sqs",
+        }
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A connection to a broker or service (`sessions[]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Session {
+    /// Unique id; receivers, senders and route session blocks refer to it.
+    pub id: String,
+    /// `mqtt` or `sqs`.
+    pub transport: Transport,
+    /// Transport options (`options.session`).
+    #[serde(default)]
+    pub options: SessionOptions,
+}
+
+/// A session's `options:` block.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionOptions {
+    /// The connection settings (`options.session`).
+    #[serde(default)]
+    pub session: SessionSettings,
+}
+
+/// `options.session`: the keys of every transport; each applies to one transport only.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSettings {
+    /// mqtt, required: `tcp|mqtt://host[:port]` (plain, default port 1883),
+    /// `ssl|mqtts://host[:port]` (TLS, 8883), `ws://host[:port][/path]` (80), `wss://…` (443).
+    #[serde(default)]
+    pub broker_url: Option<String>,
+    /// mqtt, required: the MQTT client id. Receivers use a persistent session keyed by it, so it
+    /// must be stable across restarts and unique per agent.
+    #[serde(default)]
+    pub client_id: Option<String>,
+    /// mqtt: keep-alive in whole seconds, as the protocol carries it (1–65535). Default 30.
+    #[serde(default)]
+    pub keep_alive: Option<u16>,
+    /// mqtt: user name.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// mqtt: password (use `${VAR}` to keep it out of the file).
+    #[serde(default)]
+    pub password: Option<String>,
+    /// mqtt: `v5` (default) or `v3.1.1`.
+    #[serde(default)]
+    pub protocol_version: Option<ProtocolVersion>,
+    /// mqtt: start with a clean session. Default false, so the broker keeps QoS 1 and 2
+    /// messages for the agent while it is down.
+    #[serde(default)]
+    pub clean_start: Option<bool>,
+    /// mqtt v5: how long the broker keeps the session after a disconnect. Default 1h.
+    #[serde(default)]
+    pub session_expiry: Option<Duration>,
+    /// mqtt: PEM file of CA certificates to trust for TLS (default: the platform's roots).
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// mqtt: PEM client certificate for mutual TLS (with `client_key_file`).
+    #[serde(default)]
+    pub client_cert_file: Option<String>,
+    /// mqtt: PEM private key for mutual TLS (with `client_cert_file`).
+    #[serde(default)]
+    pub client_key_file: Option<String>,
+    /// mqtt: allow `username`/`password` over an unencrypted `tcp`, `mqtt` or `ws` URL.
+    /// Default false.
+    #[serde(default)]
+    pub allow_plaintext_credentials: Option<bool>,
+    /// sqs: AWS region (default: the SDK's region chain, e.g. `AWS_REGION`).
+    #[serde(default)]
+    pub region: Option<String>,
+    /// sqs: endpoint override, e.g. `http://localhost:5000` for a local emulator.
+    #[serde(default)]
+    pub endpoint_url: Option<String>,
+    /// sqs: long-poll wait per receive call, whole seconds from 1s to 20s. Default 20s.
+    #[serde(default)]
+    pub wait_time: Option<Duration>,
+    /// sqs: visibility timeout of received messages, extended by a heartbeat while a delivery is
+    /// held. Default 30s, at most 12h.
+    #[serde(default)]
+    pub visibility_timeout: Option<Duration>,
+}
+
+/// The MQTT protocol version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum ProtocolVersion {
+    /// MQTT 5.0.
+    #[default]
+    #[serde(rename = "v5")]
+    V5,
+    /// MQTT 3.1.1.
+    #[serde(rename = "v3.1.1")]
+    V311,
+}
+
+/// Default MQTT keep-alive, in seconds.
+pub fn default_keep_alive_secs() -> u16 {
+    30
+}
+
+/// Default MQTT v5 session expiry.
+pub fn default_session_expiry() -> Duration {
+    Duration::from_secs(3600)
+}
+
+/// Default SQS long-poll wait.
+pub fn default_sqs_wait_time() -> Duration {
+    Duration::from_secs(20)
+}
+
+/// Default SQS visibility timeout.
+pub fn default_sqs_visibility_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// A validated MQTT session's settings with defaults applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttSession {
+    /// The broker URL as written.
+    pub broker_url: String,
+    /// The client id.
+    pub client_id: String,
+    /// Keep-alive.
+    pub keep_alive: std::time::Duration,
+    /// User name.
+    pub username: Option<String>,
+    /// Password.
+    pub password: Option<String>,
+    /// Protocol version.
+    pub protocol_version: ProtocolVersion,
+    /// Clean start.
+    pub clean_start: bool,
+    /// Session expiry (v5).
+    pub session_expiry: Duration,
+    /// CA file for TLS.
+    pub ca_file: Option<String>,
+    /// Client certificate for mutual TLS.
+    pub client_cert_file: Option<String>,
+    /// Client key for mutual TLS.
+    pub client_key_file: Option<String>,
+}
+
+/// A validated SQS session's settings with defaults applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqsSession {
+    /// Region, when set.
+    pub region: Option<String>,
+    /// Endpoint override, when set.
+    pub endpoint_url: Option<String>,
+    /// Long-poll wait.
+    pub wait_time: Duration,
+    /// Visibility timeout.
+    pub visibility_timeout: Duration,
+}
+
+impl Session {
+    /// The MQTT view, if this is an MQTT session with its required keys set.
+    pub fn mqtt(&self) -> Option<MqttSession> {
+        let s = &self.options.session;
+        if self.transport != Transport::Mqtt {
+            return None;
+        }
+        Some(MqttSession {
+            broker_url: s.broker_url.clone()?,
+            client_id: s.client_id.clone()?,
+            keep_alive: std::time::Duration::from_secs(u64::from(
+                s.keep_alive.unwrap_or_else(default_keep_alive_secs),
+            )),
+            username: s.username.clone(),
+            password: s.password.clone(),
+            protocol_version: s.protocol_version.unwrap_or_default(),
+            clean_start: s.clean_start.unwrap_or(false),
+            session_expiry: s.session_expiry.unwrap_or_else(default_session_expiry),
+            ca_file: s.ca_file.clone(),
+            client_cert_file: s.client_cert_file.clone(),
+            client_key_file: s.client_key_file.clone(),
+        })
+    }
+
+    /// The SQS view, if this is an SQS session.
+    pub fn sqs(&self) -> Option<SqsSession> {
+        let s = &self.options.session;
+        if self.transport != Transport::Sqs {
+            return None;
+        }
+        Some(SqsSession {
+            region: s.region.clone(),
+            endpoint_url: s.endpoint_url.clone(),
+            wait_time: s.wait_time.unwrap_or_else(default_sqs_wait_time),
+            visibility_timeout: s
+                .visibility_timeout
+                .unwrap_or_else(default_sqs_visibility_timeout),
+        })
+    }
+}
+
+/// Subscribes on a session (`receivers[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Receiver {
+    /// Unique id; a route names it as `receiver_id`.
+    pub id: String,
+    /// The session it receives on.
+    pub session_id: String,
+    /// mqtt, required: topic filters to subscribe to (`$share/{group}/{filter}` for a shared
+    /// subscription).
+    #[serde(default)]
+    pub topics: Option<Vec<TopicSubscription>>,
+    /// sqs, required: the queue to receive from, a queue name or a queue URL.
+    #[serde(default)]
+    pub queue: Option<String>,
+}
+
+/// One MQTT subscription of a receiver.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicSubscription {
+    /// The topic filter (`+` and `#` wildcards allowed).
+    pub topic: String,
+    /// Maximum QoS of the subscription, 0–2. Default 1 (at-least-once needs 1 or 2).
+    #[serde(default = "default_qos")]
+    pub qos: u8,
+}
+
+/// Default QoS of subscriptions and MQTT senders.
+pub fn default_qos() -> u8 {
+    1
+}
+
+/// Publishes on a session (`senders[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sender {
+    /// Unique id; bindings and route session blocks name it.
+    pub id: String,
+    /// The session it publishes on.
+    pub session_id: String,
+    /// Sender options (`options.sender`).
+    #[serde(default)]
+    pub options: SenderOptions,
+}
+
+/// A sender's `options:` block.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SenderOptions {
+    /// The publishing settings (`options.sender`).
+    #[serde(default)]
+    pub sender: SenderSettings,
+}
+
+/// `options.sender`: the keys of every transport; each applies to one transport only.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SenderSettings {
+    /// mqtt: QoS of published messages, 0–2. Default 1 (a send resolves on PUBACK).
+    #[serde(default)]
+    pub qos: Option<u8>,
+    /// mqtt: publish with the retain flag. Default false.
+    #[serde(default)]
+    pub retain: Option<bool>,
+    /// sqs: the queue this sender is pinned to, by URL (exactly one of `queue_url`,
+    /// `queue_name`).
+    #[serde(default)]
+    pub queue_url: Option<String>,
+    /// sqs: the queue this sender is pinned to, by name (resolved to its URL at start).
+    #[serde(default)]
+    pub queue_name: Option<String>,
+}
+
+impl SenderSettings {
+    /// MQTT QoS with its default.
+    pub fn qos(&self) -> u8 {
+        self.qos.unwrap_or_else(default_qos)
+    }
+
+    /// MQTT retain flag with its default.
+    pub fn retain(&self) -> bool {
+        self.retain.unwrap_or(false)
+    }
+}
+
+/// A destination: a sender plus an address (`bindings[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Binding {
+    /// Unique id; routes list it in `bindings`.
+    pub id: String,
+    /// The sender that delivers to it.
+    pub sender_id: String,
+    /// mqtt: the topic to publish to (no wildcards). sqs: the sender's queue, as its bare name
+    /// or its full URL.
+    pub address: String,
+}

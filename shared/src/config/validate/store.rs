@@ -1,0 +1,152 @@
+//! Stores: options that must be set, volatile stores that must be acknowledged, and the
+//! lease/outbox pairing.
+
+use super::super::route::DeliveryMode;
+use super::super::store::{DlqStoreConfig, LeaseStoreConfig, MemoryOptions, OutboxStoreConfig};
+use super::{Validator, syntax};
+
+impl Validator<'_> {
+    pub(super) fn stores(&mut self) {
+        let stores = &self.config.stores;
+        if let Some(outbox) = &stores.outbox {
+            self.outbox(outbox);
+        }
+        if let Some(lease) = &stores.lease {
+            self.lease(lease);
+        }
+        if let Some(dlq) = &stores.dlq {
+            self.dlq(dlq);
+        }
+        if let (Some(LeaseStoreConfig::Memory(_)), Some(outbox)) = (&stores.lease, &stores.outbox)
+            && outbox.is_durable()
+        {
+            self.error(
+                "stores.lease.type",
+                format!(
+                    "a memory lease cannot back a durable {} outbox: memory fencing versions restart at zero after a restart, so every claim falls below the outbox's durable high-water mark, is rejected as stale, and the partition never drains again; use a durable lease (sqlite, dynamodb or control_plane)",
+                    outbox.type_name()
+                ),
+            );
+        }
+    }
+
+    fn volatile(&mut self, store: &str, o: &MemoryOptions, what: &str) {
+        if !o.acknowledge_volatile {
+            self.error(
+                format!("stores.{store}.options.acknowledge_volatile"),
+                format!(
+                    "a memory {store} loses its {what} on restart, after their sources were acknowledged; set acknowledge_volatile: true to accept that (development only)"
+                ),
+            );
+        }
+    }
+
+    fn outbox(&mut self, outbox: &OutboxStoreConfig) {
+        let base = "stores.outbox.options";
+        match outbox {
+            OutboxStoreConfig::Memory(o) => self.volatile("outbox", o, "records"),
+            OutboxStoreConfig::Sqlite(o) => {
+                self.non_empty(format!("{base}.path"), &o.path);
+                self.positive(format!("{base}.busy_timeout"), o.busy_timeout);
+            }
+            OutboxStoreConfig::Dynamodb(o) => {
+                self.non_empty(format!("{base}.table_name"), &o.table_name);
+                self.optional_http(format!("{base}.endpoint_url"), o.endpoint_url.as_deref());
+            }
+            OutboxStoreConfig::Postgres(o) => {
+                if !(o.url.starts_with("postgres://") || o.url.starts_with("postgresql://")) {
+                    self.error(
+                        format!("{base}.url"),
+                        "must be a postgres:// or postgresql:// URL",
+                    );
+                }
+                self.sql_identifier(format!("{base}.schema"), &o.schema);
+                self.sql_identifier(format!("{base}.table"), &o.table);
+            }
+        }
+        let Some(stale) = outbox.stale_claim_duration() else {
+            return;
+        };
+        let path = format!("{base}.stale_claim_duration");
+        if stale.is_zero() {
+            self.error(path, "must be greater than zero");
+            return;
+        }
+        for (i, route) in self.config.routes.iter().enumerate() {
+            if route.delivery_mode == DeliveryMode::SharedOutbox
+                && stale <= route.policy.send_timeout
+            {
+                self.error(
+                    path.clone(),
+                    format!(
+                        "stale_claim_duration ({stale}) must exceed routes[{i}].policy.send_timeout ({}), or a record still being sent would be claimed again",
+                        route.policy.send_timeout
+                    ),
+                );
+            }
+        }
+    }
+
+    fn lease(&mut self, lease: &LeaseStoreConfig) {
+        let base = "stores.lease.options";
+        match lease {
+            LeaseStoreConfig::Memory(_) => {}
+            LeaseStoreConfig::Sqlite(o) => {
+                self.non_empty(format!("{base}.path"), &o.path);
+                self.positive(format!("{base}.busy_timeout"), o.busy_timeout);
+            }
+            LeaseStoreConfig::Dynamodb(o) => {
+                self.non_empty(format!("{base}.table_name"), &o.table_name);
+                self.optional_http(format!("{base}.endpoint_url"), o.endpoint_url.as_deref());
+            }
+            LeaseStoreConfig::ControlPlane(o) => {
+                self.optional_http(format!("{base}.endpoint"), o.endpoint.as_deref());
+            }
+        }
+    }
+
+    fn dlq(&mut self, dlq: &DlqStoreConfig) {
+        let base = "stores.dlq.options";
+        match dlq {
+            DlqStoreConfig::Memory(o) => self.volatile("dlq", o, "entries"),
+            DlqStoreConfig::Sqlite(o) => {
+                self.non_empty(format!("{base}.path"), &o.path);
+                self.positive(format!("{base}.busy_timeout"), o.busy_timeout);
+            }
+            DlqStoreConfig::Dynamodb(o) => {
+                self.non_empty(format!("{base}.table_name"), &o.table_name);
+                self.optional_http(format!("{base}.endpoint_url"), o.endpoint_url.as_deref());
+            }
+            DlqStoreConfig::ControlPlane(o) => {
+                self.optional_http(format!("{base}.endpoint"), o.endpoint.as_deref());
+            }
+        }
+    }
+
+    fn non_empty(&mut self, path: String, value: &str) {
+        if value.trim().is_empty() {
+            self.error(path, "must not be empty");
+        }
+    }
+
+    fn optional_http(&mut self, path: String, value: Option<&str>) {
+        if let Some(v) = value
+            && let Err(e) = syntax::http_url(v)
+        {
+            self.error(path, e);
+        }
+    }
+
+    fn sql_identifier(&mut self, path: String, value: &str) {
+        let mut chars = value.chars();
+        let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && value.len() <= 63;
+        if !ok {
+            self.error(
+                path,
+                format!("\"{value}\" is not a plain SQL identifier (letters, digits and '_', at most 63)"),
+            );
+        }
+    }
+}

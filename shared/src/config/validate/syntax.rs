@@ -1,0 +1,327 @@
+//! Shape checks shared by the rules: URLs, MQTT topics, SQS queue names. Each returns the
+//! problem as a message.
+
+/// The parts of a `scheme://host[:port][/path]` URL that the rules look at.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Url<'a> {
+    pub scheme: String,
+    pub host: &'a str,
+    pub port: Option<u16>,
+    pub path: &'a str,
+}
+
+/// Parses `scheme://host[:port][/path]` without user info, query or fragment.
+pub(super) fn url(s: &str) -> Result<Url<'_>, String> {
+    let Some((scheme, rest)) = s.split_once("://") else {
+        return Err(format!(
+            "\"{s}\" is not a URL (expected scheme://host[:port])"
+        ));
+    };
+    if scheme.is_empty()
+        || !scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '+')
+    {
+        return Err(format!("\"{s}\" has an invalid scheme \"{scheme}\""));
+    }
+    if rest.contains(['?', '#']) {
+        return Err(format!("\"{s}\" must not have a query or fragment"));
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if authority.contains('@') {
+        return Err(format!(
+            "\"{s}\" must not carry credentials in the URL (use the username and password options)"
+        ));
+    }
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        let Some((host, after)) = bracketed.split_once(']') else {
+            return Err(format!("\"{s}\" has an unclosed IPv6 address"));
+        };
+        if host.is_empty()
+            || !host
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+        {
+            return Err(format!("\"{s}\" has an invalid IPv6 address"));
+        }
+        match after {
+            "" => (host, None),
+            p => match p.strip_prefix(':') {
+                Some(p) => (host, Some(p)),
+                None => return Err(format!("\"{s}\" has junk after the IPv6 address")),
+            },
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if !authority.starts_with('[')
+        && (host.is_empty()
+            || !host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
+    {
+        return Err(format!("\"{s}\" has no valid host"));
+    }
+    let port = match port {
+        None => None,
+        Some(p) => match p.parse::<u16>() {
+            Ok(0) | Err(_) => return Err(format!("\"{s}\" has an invalid port \"{p}\"")),
+            Ok(n) => Some(n),
+        },
+    };
+    Ok(Url {
+        scheme: scheme.to_ascii_lowercase(),
+        host,
+        port,
+        path,
+    })
+}
+
+/// An `http://` or `https://` endpoint.
+pub(super) fn http_url(s: &str) -> Result<Url<'_>, String> {
+    let u = url(s)?;
+    if u.scheme != "http" && u.scheme != "https" {
+        return Err(format!(
+            "\"{s}\" must be an http:// or https:// URL, not {}://",
+            u.scheme
+        ));
+    }
+    Ok(u)
+}
+
+/// The MQTT broker URL schemes, and whether each is TLS.
+pub(super) const MQTT_SCHEMES: [(&str, bool); 6] = [
+    ("tcp", false),
+    ("mqtt", false),
+    ("ssl", true),
+    ("mqtts", true),
+    ("ws", false),
+    ("wss", true),
+];
+
+/// An MQTT broker URL; returns whether it uses TLS.
+pub(super) fn broker_url(s: &str) -> Result<bool, String> {
+    let u = url(s)?;
+    let Some(&(_, tls)) = MQTT_SCHEMES.iter().find(|(scheme, _)| *scheme == u.scheme) else {
+        return Err(format!(
+            "\"{s}\" has scheme \"{}\"; an MQTT broker URL is tcp://, mqtt://, ssl://, mqtts://, ws:// or wss://",
+            u.scheme
+        ));
+    };
+    if !u.path.is_empty() && !u.scheme.starts_with("ws") {
+        return Err(format!(
+            "\"{s}\" has a path; only ws:// and wss:// broker URLs take one"
+        ));
+    }
+    Ok(tls)
+}
+
+/// The MQTT limit on a topic's length in bytes.
+const MAX_TOPIC_BYTES: usize = 65_535;
+
+/// A subscription topic filter (wildcards allowed, `$share/{group}/{filter}` allowed).
+pub(super) fn topic_filter(f: &str) -> Result<(), String> {
+    basic_topic(f)?;
+    let filter = match f.strip_prefix("$share/") {
+        Some(rest) => {
+            let Some((group, filter)) = rest.split_once('/') else {
+                return Err(format!(
+                    "shared subscription \"{f}\" needs the form $share/{{group}}/{{filter}}"
+                ));
+            };
+            if group.is_empty() || group.contains(['+', '#']) {
+                return Err(format!(
+                    "shared subscription \"{f}\" needs a group name without wildcards"
+                ));
+            }
+            if filter.is_empty() {
+                return Err(format!("shared subscription \"{f}\" has an empty filter"));
+            }
+            filter
+        }
+        None => f,
+    };
+    let levels: Vec<&str> = filter.split('/').collect();
+    for (i, level) in levels.iter().enumerate() {
+        if level.contains('#') && (*level != "#" || i + 1 != levels.len()) {
+            return Err(format!(
+                "topic filter \"{f}\": '#' must be a whole level and the last one"
+            ));
+        }
+        if level.contains('+') && *level != "+" {
+            return Err(format!("topic filter \"{f}\": '+' must be a whole level"));
+        }
+    }
+    Ok(())
+}
+
+/// A topic to publish to: no wildcards, not a `$` system topic.
+pub(super) fn publish_topic(t: &str) -> Result<(), String> {
+    basic_topic(t)?;
+    if t.contains(['+', '#']) {
+        return Err(format!(
+            "\"{t}\" contains a wildcard ('+' or '#'); a topic to publish to must be a plain topic"
+        ));
+    }
+    if t.starts_with('$') {
+        return Err(format!(
+            "\"{t}\" starts with '$', which brokers reserve for their own topics"
+        ));
+    }
+    Ok(())
+}
+
+fn basic_topic(t: &str) -> Result<(), String> {
+    if t.is_empty() {
+        return Err("topic must not be empty".to_owned());
+    }
+    if t.len() > MAX_TOPIC_BYTES {
+        return Err(format!(
+            "topic is {} bytes long, MQTT allows at most {MAX_TOPIC_BYTES}",
+            t.len()
+        ));
+    }
+    if t.contains('\0') {
+        return Err("topic must not contain a NUL character".to_owned());
+    }
+    Ok(())
+}
+
+/// An SQS queue name: 1–80 of `[A-Za-z0-9_-]`, optionally ending in `.fifo`.
+pub(super) fn queue_name(name: &str) -> Result<(), String> {
+    let stem = name.strip_suffix(".fifo").unwrap_or(name);
+    if name.is_empty()
+        || name.len() > 80
+        || stem.is_empty()
+        || !stem
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(format!(
+            "\"{name}\" is not an SQS queue name (1-80 letters, digits, '-' or '_', optionally ending in .fifo)"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `s` is written as a URL rather than a bare name.
+pub(super) fn looks_like_url(s: &str) -> bool {
+    s.contains("://")
+}
+
+/// An SQS queue URL (`https://sqs.{region}.amazonaws.com/{account}/{name}`, or an emulator's);
+/// returns the queue name, its last path segment.
+pub(super) fn queue_url(s: &str) -> Result<&str, String> {
+    let u = http_url(s)?;
+    let name = u
+        .path
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or("");
+    if name.is_empty() {
+        return Err(format!("queue URL \"{s}\" has no queue name in its path"));
+    }
+    queue_name(name).map_err(|e| format!("queue URL \"{s}\": {e}"))?;
+    Ok(name)
+}
+
+/// A queue given as a bare name or a URL; returns the name.
+pub(super) fn queue_ref(s: &str) -> Result<&str, String> {
+    if looks_like_url(s) {
+        queue_url(s)
+    } else {
+        queue_name(s).map(|()| s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = url("tcp://mqtt.example.com:1883").expect("valid");
+        assert_eq!(
+            (u.scheme.as_str(), u.host, u.port),
+            ("tcp", "mqtt.example.com", Some(1883))
+        );
+        let u = url("wss://[::1]:443/mqtt").expect("valid");
+        assert_eq!((u.host, u.port, u.path), ("::1", Some(443), "/mqtt"));
+        assert!(url("mqtt.example.com:1883").is_err());
+        assert!(url("tcp://:1883").is_err());
+        assert!(url("tcp://host:0").is_err());
+        assert!(url("tcp://host:99999").is_err());
+        assert!(url("tcp://host:port").is_err());
+        assert!(url("tcp://user:pw@host").is_err());
+        assert!(url("tcp://ho st").is_err());
+    }
+
+    #[test]
+    fn broker_urls() {
+        assert_eq!(broker_url("tcp://h:1883"), Ok(false));
+        assert_eq!(broker_url("mqtts://h"), Ok(true));
+        assert_eq!(broker_url("wss://h/mqtt"), Ok(true));
+        assert!(broker_url("http://h").is_err());
+        assert!(broker_url("tcp://h/path").is_err());
+    }
+
+    #[test]
+    fn topic_filters() {
+        for ok in [
+            "sensors/#",
+            "#",
+            "+",
+            "a/+/c",
+            "a//b",
+            "$share/g/sensors/#",
+            "$SYS/#",
+            "/",
+        ] {
+            assert!(topic_filter(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "a/#/b",
+            "a#",
+            "a/b+",
+            "$share/g",
+            "$share//x",
+            "$share/g+/x",
+            "a\0b",
+        ] {
+            assert!(topic_filter(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn publish_topics() {
+        assert!(publish_topic("events/sensors").is_ok());
+        for bad in ["", "a/+", "a/#", "$SYS/x"] {
+            assert!(publish_topic(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn queues() {
+        assert!(queue_name("sensor-events").is_ok());
+        assert!(queue_name("orders.fifo").is_ok());
+        assert!(queue_name(".fifo").is_err());
+        assert!(queue_name("a b").is_err());
+        assert!(queue_name(&"q".repeat(81)).is_err());
+        assert_eq!(
+            queue_url("https://sqs.us-east-1.amazonaws.com/123456789012/sensor-events"),
+            Ok("sensor-events")
+        );
+        assert_eq!(queue_url("http://localhost:5000/000000000000/q/"), Ok("q"));
+        assert!(queue_url("https://sqs.us-east-1.amazonaws.com/").is_err());
+        assert!(queue_url("ftp://x/1/q").is_err());
+        assert_eq!(queue_ref("q"), Ok("q"));
+    }
+}

@@ -1,0 +1,1038 @@
+//! One test per rule: the reference bridge's main configuration (valid), one mutation, and the
+//! path and rule text of the error it must produce.
+
+use super::super::duration::Duration;
+use super::super::load::parse;
+use super::super::model::BridgeConfig;
+use super::super::route::{
+    AckAfter, DeliveryMode, DispatchMode, DrainStrategy, DrainStrategyType, FailureAction,
+    RouteSession,
+};
+use super::super::store::{
+    DlqStoreConfig, LeaseStoreConfig, MemoryOptions, OutboxStoreConfig, PostgresOutboxOptions,
+};
+use super::super::transport::{ProtocolVersion, Receiver, Sender, Session};
+use super::{ConfigError, validate};
+
+const SEED_MAIN: &str = include_str!("../testdata/seed_main.yaml");
+
+fn base() -> BridgeConfig {
+    parse(SEED_MAIN).expect("the seed's main configuration parses")
+}
+
+fn yaml<T: serde::de::DeserializeOwned>(text: &str) -> T {
+    serde_saphyr::from_str(text).expect("test snippet parses")
+}
+
+/// The errors after applying `mutate` to the base configuration.
+fn errors(mutate: impl FnOnce(&mut BridgeConfig)) -> Vec<ConfigError> {
+    let mut config = base();
+    mutate(&mut config);
+    match validate(&config) {
+        Ok(_) => panic!("expected the mutated configuration to be invalid"),
+        Err(errors) => errors,
+    }
+}
+
+/// Asserts that one error has exactly `path` and a message containing `needle`.
+#[track_caller]
+fn assert_error(errors: &[ConfigError], path: &str, needle: &str) {
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.path == path && e.message.contains(needle)),
+        "no error at `{path}` containing `{needle}`; got:\n{}",
+        errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// The rule under test, alone: the mutation produces exactly the expected error.
+#[track_caller]
+fn assert_only(errors: &[ConfigError], path: &str, needle: &str) {
+    assert_error(errors, path, needle);
+    assert_eq!(errors.len(), 1, "expected one error, got {errors:#?}");
+}
+
+fn sqs_session() -> Session {
+    yaml("id: aws\ntransport: sqs\noptions:\n  session:\n    region: us-east-1\n")
+}
+
+fn sqs_sender(queue: &str) -> Sender {
+    yaml(&format!(
+        "id: sqs-out\nsession_id: aws\noptions:\n  sender:\n    {queue}\n"
+    ))
+}
+
+fn route_session(c: &mut BridgeConfig) -> &mut RouteSession {
+    c.routes[0]
+        .session
+        .as_mut()
+        .expect("the base route has a session block")
+}
+
+/// Makes route 0 a direct_hold route with one binding and no session block.
+fn direct_hold(c: &mut BridgeConfig) {
+    let r = &mut c.routes[0];
+    r.delivery_mode = DeliveryMode::DirectHold;
+    r.dispatch_mode = DispatchMode::Single;
+    r.bindings.truncate(1);
+    r.policy.ack_after = None;
+    r.session = None;
+}
+
+#[test]
+fn the_base_configuration_is_valid() {
+    let valid = validate(&base()).expect("valid");
+    assert_eq!(valid.bridge_id(), "durable-sensor-ingest");
+}
+
+#[test]
+fn errors_display_as_path_colon_message() {
+    let errs = errors(|c| c.routes[0].bindings[2] = "to-nowhere".into());
+    assert_eq!(
+        errs[0].to_string(),
+        "routes[0].bindings[2]: unknown binding \"to-nowhere\""
+    );
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let errs = errors(|c| {
+        c.routes[0].bindings[2] = "to-nowhere".into();
+        c.receivers[0].topics.as_mut().expect("topics")[0].qos = 3;
+        c.bindings[0].sender_id = "ghost".into();
+    });
+    assert_error(&errs, "routes[0].bindings[2]", "unknown binding");
+    assert_error(&errs, "receivers[0].topics[0].qos", "0, 1 or 2");
+    assert_error(&errs, "bindings[0].sender_id", "unknown sender \"ghost\"");
+}
+
+// ---- ids and references
+
+#[test]
+fn empty_ids_are_rejected() {
+    assert_error(
+        &errors(|c| c.sessions[0].id.clear()),
+        "sessions[0].id",
+        "must not be empty",
+    );
+    assert_error(
+        &errors(|c| c.bridge.id.clear()),
+        "bridge.id",
+        "must not be empty",
+    );
+    assert_error(
+        &errors(|c| c.routes[0].id.clear()),
+        "routes[0].id",
+        "must not be empty",
+    );
+}
+
+#[test]
+fn malformed_ids_are_rejected() {
+    assert_only(
+        &errors(|c| c.routes[0].id = "a/b".into()),
+        "routes[0].id",
+        "may contain only",
+    );
+    assert_error(
+        &errors(|c| c.bridge.id = "x".repeat(129)),
+        "bridge.id",
+        "at most 128",
+    );
+}
+
+#[test]
+fn duplicate_ids_are_rejected() {
+    assert_only(
+        &errors(|c| {
+            let dup = c.bindings[0].clone();
+            c.bindings.push(dup);
+        }),
+        "bindings[3].id",
+        "duplicate binding id \"to-events\" (also bindings[0])",
+    );
+    assert_error(
+        &errors(|c| {
+            let dup = c.sessions[0].clone();
+            c.sessions.push(dup);
+        }),
+        "sessions[1].id",
+        "duplicate session id",
+    );
+    assert_error(
+        &errors(|c| {
+            let dup = c.senders[0].clone();
+            c.senders.push(dup);
+        }),
+        "senders[1].id",
+        "duplicate sender id",
+    );
+    assert_error(
+        &errors(|c| {
+            let dup = c.receivers[0].clone();
+            c.receivers.push(dup);
+        }),
+        "receivers[1].id",
+        "duplicate receiver id",
+    );
+    assert_error(
+        &errors(|c| {
+            let dup = c.routes[0].clone();
+            c.routes.push(dup);
+        }),
+        "routes[1].id",
+        "duplicate route id",
+    );
+}
+
+#[test]
+fn receiver_must_reference_a_session() {
+    assert_only(
+        &errors(|c| c.receivers[0].session_id = "nope".into()),
+        "receivers[0].session_id",
+        "unknown session \"nope\"",
+    );
+}
+
+#[test]
+fn sender_must_reference_a_session() {
+    let errs = errors(|c| c.senders[0].session_id = "nope".into());
+    assert_error(&errs, "senders[0].session_id", "unknown session \"nope\"");
+}
+
+#[test]
+fn binding_must_reference_a_sender() {
+    assert_only(
+        &errors(|c| c.bindings[1].sender_id = "nope".into()),
+        "bindings[1].sender_id",
+        "unknown sender \"nope\"",
+    );
+}
+
+#[test]
+fn route_must_reference_a_receiver() {
+    assert_only(
+        &errors(|c| c.routes[0].receiver_id = "nope".into()),
+        "routes[0].receiver_id",
+        "unknown receiver \"nope\"",
+    );
+}
+
+#[test]
+fn route_must_reference_its_bindings() {
+    assert_only(
+        &errors(|c| c.routes[0].bindings[2] = "to-nowhere".into()),
+        "routes[0].bindings[2]",
+        "unknown binding \"to-nowhere\"",
+    );
+}
+
+#[test]
+fn route_lists_each_binding_once() {
+    assert_only(
+        &errors(|c| c.routes[0].bindings[2] = "to-events".into()),
+        "routes[0].bindings[2]",
+        "listed twice",
+    );
+}
+
+#[test]
+fn route_session_block_must_reference_a_session_and_a_sender() {
+    let errs = errors(|c| route_session(c).session_id = "nope".into());
+    assert_only(
+        &errs,
+        "routes[0].session.session_id",
+        "unknown session \"nope\"",
+    );
+    let errs = errors(|c| route_session(c).sender_id = "nope".into());
+    assert_only(
+        &errs,
+        "routes[0].session.sender_id",
+        "unknown sender \"nope\"",
+    );
+}
+
+#[test]
+fn a_bridge_needs_a_route() {
+    assert_only(
+        &errors(|c| c.routes.clear()),
+        "routes",
+        "at least one route",
+    );
+}
+
+#[test]
+fn a_route_needs_a_binding() {
+    let errs = errors(|c| c.routes[0].bindings.clear());
+    assert_error(&errs, "routes[0].bindings", "at least one binding");
+}
+
+#[test]
+fn a_receiver_feeds_one_route() {
+    let errs = errors(|c| {
+        let mut second = c.routes[0].clone();
+        second.id = "second".into();
+        c.routes.push(second);
+    });
+    assert_error(&errs, "routes[1].receiver_id", "already feeds routes[0]");
+}
+
+// ---- delivery and dispatch modes
+
+#[test]
+fn shared_outbox_needs_an_outbox_store() {
+    assert_error(
+        &errors(|c| c.stores.outbox = None),
+        "routes[0].delivery_mode",
+        "needs an outbox store",
+    );
+}
+
+#[test]
+fn shared_outbox_needs_a_lease_store() {
+    assert_only(
+        &errors(|c| c.stores.lease = None),
+        "routes[0].delivery_mode",
+        "needs a lease store",
+    );
+}
+
+#[test]
+fn shared_outbox_needs_a_session_block() {
+    assert_only(
+        &errors(|c| c.routes[0].session = None),
+        "routes[0].session",
+        "shared_outbox needs a session block",
+    );
+}
+
+#[test]
+fn direct_hold_has_no_session_block() {
+    let errs = errors(|c| {
+        let session = c.routes[0].session.clone();
+        direct_hold(c);
+        c.routes[0].session = session;
+    });
+    assert_only(
+        &errs,
+        "routes[0].session",
+        "only shared_outbox routes have a drainer",
+    );
+}
+
+#[test]
+fn target_accept_is_rejected_on_shared_outbox() {
+    assert_only(
+        &errors(|c| c.routes[0].policy.ack_after = Some(AckAfter::TargetAccept)),
+        "routes[0].policy.ack_after",
+        "target_accept is not possible on shared_outbox",
+    );
+}
+
+#[test]
+fn outbox_persist_is_rejected_on_direct_hold() {
+    assert_only(
+        &errors(|c| {
+            direct_hold(c);
+            c.routes[0].policy.ack_after = Some(AckAfter::OutboxPersist);
+        }),
+        "routes[0].policy.ack_after",
+        "outbox_persist needs delivery_mode shared_outbox",
+    );
+}
+
+#[test]
+fn ack_after_defaults_by_delivery_mode() {
+    let mut c = base();
+    c.routes[0].policy.ack_after = None;
+    assert_eq!(c.routes[0].ack_after(), AckAfter::OutboxPersist);
+    direct_hold(&mut c);
+    assert_eq!(c.routes[0].ack_after(), AckAfter::TargetAccept);
+    assert!(validate(&c).is_ok());
+}
+
+#[test]
+fn fan_out_needs_shared_outbox() {
+    assert_only(
+        &errors(|c| {
+            direct_hold(c);
+            c.routes[0].dispatch_mode = DispatchMode::FanOut;
+        }),
+        "routes[0].dispatch_mode",
+        "fan_out needs delivery_mode shared_outbox",
+    );
+}
+
+#[test]
+fn single_dispatch_needs_exactly_one_binding() {
+    assert_only(
+        &errors(|c| c.routes[0].dispatch_mode = DispatchMode::Single),
+        "routes[0].bindings",
+        "single dispatch needs exactly one binding, found 3",
+    );
+}
+
+#[test]
+fn direct_hold_needs_exactly_one_binding() {
+    assert_only(
+        &errors(|c| {
+            direct_hold(c);
+            c.routes[0].bindings.push("to-audit".into());
+        }),
+        "routes[0].bindings",
+        "direct_hold needs exactly one binding, found 2",
+    );
+}
+
+#[test]
+fn dlq_actions_need_a_dlq_store() {
+    let errs = errors(|c| c.stores.dlq = None);
+    assert_error(&errs, "routes[0].policy.on_expired", "needs a DLQ store");
+    assert_error(
+        &errs,
+        "routes[0].policy.on_permanent_failure",
+        "needs a DLQ store",
+    );
+    assert_eq!(errs.len(), 2);
+    let mut c = base();
+    c.stores.dlq = None;
+    c.routes[0].policy.on_expired = FailureAction::Drop;
+    c.routes[0].policy.on_permanent_failure = FailureAction::Drop;
+    assert!(validate(&c).is_ok());
+}
+
+#[test]
+fn shared_outbox_bindings_are_on_the_session_block_sender() {
+    let errs = errors(|c| {
+        let mut other = c.senders[0].clone();
+        other.id = "mqtt-out-2".into();
+        c.senders.push(other);
+        c.bindings[1].sender_id = "mqtt-out-2".into();
+    });
+    assert_only(
+        &errs,
+        "routes[0].bindings[1]",
+        "binding \"to-audit\" is on sender \"mqtt-out-2\", but this shared_outbox route drains through sender \"mqtt-out\"",
+    );
+}
+
+#[test]
+fn session_block_sender_is_on_the_session_block_session() {
+    let errs = errors(|c| {
+        let mut other = c.sessions[0].clone();
+        other.id = "mqtt-conn-2".into();
+        other.options.session.client_id = Some("other".into());
+        c.sessions.push(other);
+        route_session(c).session_id = "mqtt-conn-2".into();
+    });
+    assert_only(
+        &errs,
+        "routes[0].session.sender_id",
+        "publishes on session \"mqtt-conn\", not on the session block's session \"mqtt-conn-2\"",
+    );
+}
+
+// ---- session block
+
+#[test]
+fn drain_interval_and_strategy_are_exclusive() {
+    let errs = errors(|c| {
+        route_session(c).drain_strategy = Some(yaml("type: adaptive_backoff"));
+    });
+    assert_only(
+        &errs,
+        "routes[0].session.drain_strategy",
+        "mutually exclusive",
+    );
+}
+
+fn adaptive(min: u64, max: u64, multiplier: f64) -> DrainStrategy {
+    DrainStrategy {
+        kind: DrainStrategyType::AdaptiveBackoff,
+        min_interval: Duration::from_millis(min),
+        max_interval: Duration::from_millis(max),
+        multiplier,
+    }
+}
+
+#[test]
+fn adaptive_backoff_min_must_not_exceed_max() {
+    let errs = errors(|c| {
+        let s = route_session(c);
+        s.drain_interval = None;
+        s.drain_strategy = Some(adaptive(5000, 100, 2.0));
+    });
+    assert_only(
+        &errs,
+        "routes[0].session.drain_strategy.min_interval",
+        "min_interval (5s) must not exceed max_interval (100ms)",
+    );
+}
+
+#[test]
+fn adaptive_backoff_multiplier_is_at_least_one() {
+    let errs = errors(|c| {
+        let s = route_session(c);
+        s.drain_interval = None;
+        s.drain_strategy = Some(adaptive(100, 1000, 0.5));
+    });
+    assert_only(
+        &errs,
+        "routes[0].session.drain_strategy.multiplier",
+        "at least 1.0",
+    );
+    let errs = errors(|c| {
+        let s = route_session(c);
+        s.drain_interval = None;
+        s.drain_strategy = Some(adaptive(100, 1000, f64::NAN));
+    });
+    assert_only(
+        &errs,
+        "routes[0].session.drain_strategy.multiplier",
+        "at least 1.0",
+    );
+}
+
+#[test]
+fn renew_interval_is_less_than_lease_ttl() {
+    let errs = errors(|c| route_session(c).renew_interval = Some(Duration::from_secs(15)));
+    assert_only(
+        &errs,
+        "routes[0].session.renew_interval",
+        "renew_interval (15s) must be less than lease_ttl (15s)",
+    );
+    let c = base();
+    let s = c.routes[0].session.as_ref().expect("session");
+    assert_eq!(s.renew_interval(), Duration::from_secs(5));
+}
+
+#[test]
+fn durations_must_be_positive() {
+    type Mutation = fn(&mut BridgeConfig);
+    let cases: [(&str, Mutation); 12] = [
+        ("routes[0].session.drain_interval", |c| {
+            route_session(c).drain_interval = Some(Duration::ZERO)
+        }),
+        ("routes[0].session.lease_ttl", |c| {
+            route_session(c).lease_ttl = Duration::ZERO
+        }),
+        ("routes[0].session.renew_interval", |c| {
+            route_session(c).renew_interval = Some(Duration::ZERO)
+        }),
+        ("routes[0].session.step_down_grace", |c| {
+            route_session(c).step_down_grace = Duration::ZERO
+        }),
+        ("routes[0].session.drain_strategy.min_interval", |c| {
+            let s = route_session(c);
+            s.drain_interval = None;
+            s.drain_strategy = Some(adaptive(0, 1000, 2.0));
+        }),
+        ("routes[0].policy.replay_budget", |c| {
+            c.routes[0].policy.replay_budget = Duration::ZERO
+        }),
+        ("routes[0].policy.send_timeout", |c| {
+            c.routes[0].policy.send_timeout = Duration::ZERO
+        }),
+        ("routes[0].policy.send_retry_budget", |c| {
+            c.routes[0].policy.send_retry_budget = Duration::ZERO
+        }),
+        ("routes[0].policy.ttl", |c| {
+            c.routes[0].policy.ttl = Some(Duration::ZERO)
+        }),
+        ("routes[0].policy.retry_backoff.initial_interval", |c| {
+            c.routes[0].policy.retry_backoff.initial_interval = Duration::ZERO
+        }),
+        ("stores.outbox.options.stale_claim_duration", |c| {
+            c.stores.outbox = Some(yaml(
+                "type: sqlite\noptions:\n  path: /x\n  stale_claim_duration: 0s\n",
+            ))
+        }),
+        ("stores.outbox.options.busy_timeout", |c| {
+            c.stores.outbox = Some(yaml(
+                "type: sqlite\noptions:\n  path: /x\n  busy_timeout: 0ms\n",
+            ))
+        }),
+    ];
+    for (path, mutate) in cases {
+        assert_error(&errors(mutate), path, "must be greater than zero");
+    }
+}
+
+#[test]
+fn retry_backoff_is_ordered_and_grows() {
+    let errs = errors(|c| {
+        let b = &mut c.routes[0].policy.retry_backoff;
+        b.initial_interval = Duration::from_secs(60);
+        b.multiplier = 0.9;
+    });
+    assert_error(
+        &errs,
+        "routes[0].policy.retry_backoff.initial_interval",
+        "must not exceed max_interval",
+    );
+    assert_error(
+        &errs,
+        "routes[0].policy.retry_backoff.multiplier",
+        "at least 1.0",
+    );
+}
+
+#[test]
+fn numeric_limits_must_be_positive() {
+    let errs = errors(|c| {
+        let p = &mut c.routes[0].policy;
+        p.max_in_flight = 0;
+        p.max_outbox_depth = 0;
+        p.max_payload_bytes = 0;
+        route_session(c).drain_batch_size = 0;
+    });
+    for path in [
+        "routes[0].policy.max_in_flight",
+        "routes[0].policy.max_outbox_depth",
+        "routes[0].policy.max_payload_bytes",
+        "routes[0].session.drain_batch_size",
+    ] {
+        assert_error(&errs, path, "must be greater than zero");
+    }
+    assert_eq!(errs.len(), 4);
+}
+
+// ---- stores
+
+#[test]
+fn memory_lease_with_durable_outbox_is_rejected() {
+    let errs =
+        errors(|c| c.stores.lease = Some(LeaseStoreConfig::Memory(MemoryOptions::default())));
+    assert_only(
+        &errs,
+        "stores.lease.type",
+        "fencing versions restart at zero after a restart, so every claim falls below the outbox's durable high-water mark",
+    );
+    assert!(errs[0].message.contains("never drains again"));
+}
+
+#[test]
+fn memory_outbox_needs_acknowledge_volatile() {
+    let errs = errors(|c| {
+        c.stores.outbox = Some(OutboxStoreConfig::Memory(MemoryOptions::default()));
+        c.stores.lease = Some(LeaseStoreConfig::Memory(MemoryOptions::default()));
+    });
+    assert_only(
+        &errs,
+        "stores.outbox.options.acknowledge_volatile",
+        "set acknowledge_volatile: true",
+    );
+    let mut c = base();
+    c.stores.outbox = Some(OutboxStoreConfig::Memory(MemoryOptions {
+        acknowledge_volatile: true,
+    }));
+    c.stores.lease = Some(LeaseStoreConfig::Memory(MemoryOptions::default()));
+    assert!(validate(&c).is_ok(), "memory + memory, acknowledged");
+}
+
+#[test]
+fn memory_dlq_needs_acknowledge_volatile() {
+    assert_only(
+        &errors(|c| c.stores.dlq = Some(DlqStoreConfig::Memory(MemoryOptions::default()))),
+        "stores.dlq.options.acknowledge_volatile",
+        "a memory dlq loses its entries on restart",
+    );
+}
+
+#[test]
+fn stale_claim_duration_exceeds_send_timeout() {
+    let errs = errors(|c| {
+        c.stores.outbox = Some(yaml(
+            "type: sqlite\noptions:\n  path: /x\n  stale_claim_duration: 10s\n",
+        ));
+    });
+    assert_only(
+        &errs,
+        "stores.outbox.options.stale_claim_duration",
+        "must exceed routes[0].policy.send_timeout (30s)",
+    );
+}
+
+#[test]
+fn store_options_are_checked() {
+    let errs = errors(|c| {
+        c.stores.outbox = Some(OutboxStoreConfig::Postgres(PostgresOutboxOptions {
+            url: "mysql://x".into(),
+            schema: "public".into(),
+            table: "bad table".into(),
+            stale_claim_duration: None,
+        }));
+        c.stores.lease = Some(yaml(
+            "type: control_plane\noptions:\n  endpoint: grpc://cp\n",
+        ));
+        c.stores.dlq = Some(yaml("type: dynamodb\noptions:\n  table_name: ''\n"));
+    });
+    assert_error(&errs, "stores.outbox.options.url", "postgres://");
+    assert_error(
+        &errs,
+        "stores.outbox.options.table",
+        "not a plain SQL identifier",
+    );
+    assert_error(
+        &errs,
+        "stores.lease.options.endpoint",
+        "http:// or https://",
+    );
+    assert_error(&errs, "stores.dlq.options.table_name", "must not be empty");
+}
+
+// ---- sessions, receivers, senders, bindings
+
+#[test]
+fn qos_is_0_to_2() {
+    assert_only(
+        &errors(|c| c.receivers[0].topics.as_mut().expect("topics")[0].qos = 3),
+        "receivers[0].topics[0].qos",
+        "qos must be 0, 1 or 2, got 3",
+    );
+    assert_only(
+        &errors(|c| c.senders[0].options.sender.qos = Some(7)),
+        "senders[0].options.sender.qos",
+        "qos must be 0, 1 or 2, got 7",
+    );
+}
+
+#[test]
+fn broker_url_scheme_is_an_mqtt_one() {
+    assert_only(
+        &errors(|c| c.sessions[0].options.session.broker_url = Some("http://broker:1883".into())),
+        "sessions[0].options.session.broker_url",
+        "an MQTT broker URL is tcp://, mqtt://, ssl://, mqtts://, ws:// or wss://",
+    );
+}
+
+#[test]
+fn broker_url_host_and_port_parse() {
+    assert_only(
+        &errors(|c| c.sessions[0].options.session.broker_url = Some("tcp://broker:70000".into())),
+        "sessions[0].options.session.broker_url",
+        "invalid port",
+    );
+    assert_only(
+        &errors(|c| c.sessions[0].options.session.broker_url = Some("tcp://:1883".into())),
+        "sessions[0].options.session.broker_url",
+        "no valid host",
+    );
+    for ok in [
+        "mqtt://b",
+        "ssl://b:8883",
+        "mqtts://10.0.0.1",
+        "ws://b/mqtt",
+        "wss://[::1]:443/mqtt",
+    ] {
+        let mut c = base();
+        c.sessions[0].options.session.broker_url = Some(ok.into());
+        assert!(validate(&c).is_ok(), "{ok}");
+    }
+}
+
+#[test]
+fn mqtt_session_needs_broker_url_and_client_id() {
+    let errs = errors(|c| {
+        c.sessions[0].options.session.broker_url = None;
+        c.sessions[0].options.session.client_id = None;
+    });
+    assert_error(
+        &errs,
+        "sessions[0].options.session.broker_url",
+        "needs broker_url",
+    );
+    assert_error(
+        &errs,
+        "sessions[0].options.session.client_id",
+        "needs client_id",
+    );
+}
+
+#[test]
+fn plaintext_credentials_need_opt_in() {
+    let errs = errors(|c| {
+        let s = &mut c.sessions[0].options.session;
+        s.username = Some("u".into());
+        s.password = Some("p".into());
+    });
+    assert_only(
+        &errs,
+        "sessions[0].options.session.password",
+        "allow_plaintext_credentials: true",
+    );
+    let mut c = base();
+    let s = &mut c.sessions[0].options.session;
+    s.username = Some("u".into());
+    s.password = Some("p".into());
+    s.allow_plaintext_credentials = Some(true);
+    assert!(validate(&c).is_ok());
+    c.sessions[0].options.session.allow_plaintext_credentials = None;
+    c.sessions[0].options.session.broker_url = Some("mqtts://b".into());
+    assert!(validate(&c).is_ok());
+}
+
+#[test]
+fn tls_files_need_a_tls_url_and_come_in_pairs() {
+    let errs = errors(|c| {
+        c.sessions[0].options.session.ca_file = Some("/ca.pem".into());
+        c.sessions[0].options.session.client_cert_file = Some("/c.pem".into());
+    });
+    assert_error(
+        &errs,
+        "sessions[0].options.session.ca_file",
+        "needs a TLS broker_url",
+    );
+    assert_error(
+        &errs,
+        "sessions[0].options.session.client_key_file",
+        "needs client_key_file",
+    );
+}
+
+#[test]
+fn session_expiry_is_v5_only() {
+    assert_only(
+        &errors(|c| {
+            let s = &mut c.sessions[0].options.session;
+            s.protocol_version = Some(ProtocolVersion::V311);
+            s.session_expiry = Some(Duration::from_secs(60));
+        }),
+        "sessions[0].options.session.session_expiry",
+        "needs protocol_version v5",
+    );
+}
+
+#[test]
+fn keep_alive_is_at_least_one_second() {
+    assert_only(
+        &errors(|c| c.sessions[0].options.session.keep_alive = Some(0)),
+        "sessions[0].options.session.keep_alive",
+        "at least 1",
+    );
+}
+
+#[test]
+fn session_keys_belong_to_its_transport() {
+    assert_only(
+        &errors(|c| c.sessions[0].options.session.region = Some("eu-west-1".into())),
+        "sessions[0].options.session.region",
+        "region is an option of sqs sessions, and this session's transport is mqtt",
+    );
+    let errs = errors(|c| {
+        let mut s = sqs_session();
+        s.options.session.client_id = Some("x".into());
+        c.sessions.push(s);
+    });
+    assert_only(
+        &errs,
+        "sessions[1].options.session.client_id",
+        "option of mqtt sessions",
+    );
+}
+
+#[test]
+fn sqs_session_limits() {
+    let errs = errors(|c| {
+        let mut s = sqs_session();
+        s.options.session.wait_time = Some(Duration::from_secs(30));
+        s.options.session.endpoint_url = Some("localhost:4566".into());
+        c.sessions.push(s);
+    });
+    assert_error(
+        &errs,
+        "sessions[1].options.session.wait_time",
+        "from 1s to 20s",
+    );
+    assert_error(
+        &errs,
+        "sessions[1].options.session.endpoint_url",
+        "not a URL",
+    );
+}
+
+#[test]
+fn receiver_transport_matches_its_session() {
+    let errs = errors(|c| c.receivers[0].queue = Some("q".into()));
+    assert_only(&errs, "receivers[0].queue", "queue is for sqs receivers");
+    let errs = errors(|c| {
+        c.sessions.push(sqs_session());
+        let mut r: Receiver = yaml("id: sqs-in\nsession_id: aws\ntopics:\n  - topic: a\n");
+        r.queue = None;
+        c.receivers.push(r);
+    });
+    assert_error(
+        &errs,
+        "receivers[1].topics",
+        "topics are for mqtt receivers",
+    );
+    assert_error(&errs, "receivers[1].queue", "an sqs receiver needs queue");
+}
+
+#[test]
+fn sender_transport_matches_its_session() {
+    assert_only(
+        &errors(|c| c.senders[0].options.sender.queue_name = Some("q".into())),
+        "senders[0].options.sender.queue_name",
+        "queue_name is an option of sqs senders",
+    );
+    let errs = errors(|c| {
+        c.sessions.push(sqs_session());
+        let mut s = sqs_sender("queue_name: q");
+        s.options.sender.retain = Some(true);
+        c.senders.push(s);
+    });
+    assert_only(
+        &errs,
+        "senders[1].options.sender.retain",
+        "retain is an option of mqtt senders",
+    );
+    let errs = errors(|c| {
+        c.sessions.push(sqs_session());
+        c.senders.push(sqs_sender("{}"));
+    });
+    assert_only(
+        &errs,
+        "senders[1].options.sender",
+        "needs queue_url or queue_name",
+    );
+}
+
+#[test]
+fn topic_filters_follow_mqtt_rules() {
+    let errs = errors(|c| {
+        let topics = c.receivers[0].topics.as_mut().expect("topics");
+        topics[0].topic = "sensors/#/x".into();
+        topics.push(yaml("topic: a+/b"));
+        topics.push(yaml("topic: $share/group"));
+    });
+    assert_error(
+        &errs,
+        "receivers[0].topics[0].topic",
+        "'#' must be a whole level and the last one",
+    );
+    assert_error(
+        &errs,
+        "receivers[0].topics[1].topic",
+        "'+' must be a whole level",
+    );
+    assert_error(
+        &errs,
+        "receivers[0].topics[2].topic",
+        "$share/{group}/{filter}",
+    );
+}
+
+#[test]
+fn receiver_needs_topics() {
+    assert_only(
+        &errors(|c| c.receivers[0].topics = Some(Vec::new())),
+        "receivers[0].topics",
+        "at least one topic",
+    );
+}
+
+#[test]
+fn mqtt_binding_address_has_no_wildcards() {
+    assert_only(
+        &errors(|c| c.bindings[0].address = "events/+".into()),
+        "bindings[0].address",
+        "contains a wildcard",
+    );
+    assert_only(
+        &errors(|c| c.bindings[0].address = "events/#".into()),
+        "bindings[0].address",
+        "contains a wildcard",
+    );
+}
+
+/// Adds an SQS session, an SQS sender pinned by `queue`, a binding to `address`, and points
+/// route 0 (made direct_hold) at it.
+fn sqs_binding(c: &mut BridgeConfig, queue: &str, address: &str) {
+    direct_hold(c);
+    c.sessions.push(sqs_session());
+    c.senders.push(sqs_sender(queue));
+    c.bindings.push(yaml(&format!(
+        "id: to-sqs\nsender_id: sqs-out\naddress: {address}\n"
+    )));
+    c.routes[0].bindings = vec!["to-sqs".into()];
+}
+
+#[test]
+fn sqs_binding_address_is_the_sender_queue() {
+    const URL: &str = "https://sqs.us-east-1.amazonaws.com/123456789012/sensor-events";
+    for (queue, address) in [
+        ("queue_name: sensor-events", "sensor-events"),
+        ("queue_name: sensor-events", URL),
+        (&format!("queue_url: {URL}") as &str, "sensor-events"),
+        (&format!("queue_url: {URL}"), URL),
+    ] {
+        let mut c = base();
+        sqs_binding(&mut c, queue, address);
+        assert!(
+            validate(&c).is_ok(),
+            "{queue} / {address}: {:?}",
+            validate(&c).err()
+        );
+    }
+    let errs = errors(|c| sqs_binding(c, "queue_name: sensor-events", "other-queue"));
+    assert_only(
+        &errs,
+        "bindings[3].address",
+        "\"other-queue\" is not the queue of sender \"sqs-out\" (queue_name \"sensor-events\")",
+    );
+    let errs = errors(|c| {
+        sqs_binding(
+            c,
+            &format!("queue_url: {URL}"),
+            "https://sqs.us-east-1.amazonaws.com/999999999999/sensor-events",
+        )
+    });
+    assert_only(
+        &errs,
+        "bindings[3].address",
+        "is not the queue of sender \"sqs-out\"",
+    );
+}
+
+#[test]
+fn telemetry_is_checked() {
+    let errs = errors(|c| {
+        c.telemetry.otlp_endpoint = Some("otel:4317".into());
+        c.telemetry.sampling_ratio = 1.5;
+    });
+    assert_error(&errs, "telemetry.otlp_endpoint", "not a URL");
+    assert_error(&errs, "telemetry.sampling_ratio", "between 0.0 and 1.0");
+}
+
+#[test]
+fn valid_config_resolves_lookups() {
+    let valid = validate(&base()).expect("valid");
+    let route = valid.route("sensor-ingest").expect("route");
+    assert_eq!(
+        valid.partition(route),
+        "durable-sensor-ingest/sensor-ingest"
+    );
+    let ids: Vec<&str> = valid
+        .route_bindings(route)
+        .map(|b| b.address.as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        ["events/sensors", "audit/sensors", "analytics/sensors"]
+    );
+    let mqtt = valid
+        .session("mqtt-conn")
+        .and_then(Session::mqtt)
+        .expect("mqtt");
+    assert_eq!(mqtt.keep_alive, std::time::Duration::from_secs(30));
+    assert_eq!(mqtt.protocol_version, ProtocolVersion::V5);
+    assert!(!mqtt.clean_start);
+    assert_eq!(valid.stale_claim_duration(), Some(Duration::from_secs(300)));
+    assert!(valid.receiver("mqtt-in").is_some() && valid.sender("mqtt-out").is_some());
+}

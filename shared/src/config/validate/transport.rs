@@ -1,0 +1,392 @@
+//! Sessions, receivers, senders and bindings: required and foreign keys per transport, URLs,
+//! topics, queues, and the references between them.
+
+use std::collections::HashSet;
+
+use super::super::duration::Duration;
+use super::super::transport::{ProtocolVersion, Sender, SessionSettings, Transport};
+use super::{Validator, syntax};
+
+/// The longest SQS long-poll wait.
+const MAX_SQS_WAIT: Duration = Duration::from_secs(20);
+/// The longest SQS visibility timeout.
+const MAX_SQS_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
+
+impl SessionSettings {
+    /// `(key, set, transport it belongs to)` for every key.
+    fn keys(&self) -> [(&'static str, bool, Transport); 16] {
+        use Transport::{Mqtt, Sqs};
+        [
+            ("broker_url", self.broker_url.is_some(), Mqtt),
+            ("client_id", self.client_id.is_some(), Mqtt),
+            ("keep_alive", self.keep_alive.is_some(), Mqtt),
+            ("username", self.username.is_some(), Mqtt),
+            ("password", self.password.is_some(), Mqtt),
+            ("protocol_version", self.protocol_version.is_some(), Mqtt),
+            ("clean_start", self.clean_start.is_some(), Mqtt),
+            ("session_expiry", self.session_expiry.is_some(), Mqtt),
+            ("ca_file", self.ca_file.is_some(), Mqtt),
+            ("client_cert_file", self.client_cert_file.is_some(), Mqtt),
+            ("client_key_file", self.client_key_file.is_some(), Mqtt),
+            (
+                "allow_plaintext_credentials",
+                self.allow_plaintext_credentials.is_some(),
+                Mqtt,
+            ),
+            ("region", self.region.is_some(), Sqs),
+            ("endpoint_url", self.endpoint_url.is_some(), Sqs),
+            ("wait_time", self.wait_time.is_some(), Sqs),
+            ("visibility_timeout", self.visibility_timeout.is_some(), Sqs),
+        ]
+    }
+}
+
+impl Validator<'_> {
+    pub(super) fn sessions(&mut self) {
+        for (i, session) in self.config.sessions.iter().enumerate() {
+            let base = format!("sessions[{i}].options.session");
+            let s = &session.options.session;
+            for (key, set, transport) in s.keys() {
+                if set && transport != session.transport {
+                    self.error(
+                        format!("{base}.{key}"),
+                        format!(
+                            "{key} is an option of {transport} sessions, and this session's transport is {}",
+                            session.transport
+                        ),
+                    );
+                }
+            }
+            match session.transport {
+                Transport::Mqtt => self.mqtt_session(&base, s),
+                Transport::Sqs => self.sqs_session(&base, s),
+            }
+        }
+    }
+
+    fn mqtt_session(&mut self, base: &str, s: &SessionSettings) {
+        let mut tls = None;
+        match &s.broker_url {
+            None => self.error(
+                format!("{base}.broker_url"),
+                "an mqtt session needs broker_url",
+            ),
+            Some(u) => match syntax::broker_url(u) {
+                Ok(is_tls) => tls = Some(is_tls),
+                Err(e) => self.error(format!("{base}.broker_url"), e),
+            },
+        }
+        match &s.client_id {
+            None => self.error(
+                format!("{base}.client_id"),
+                "an mqtt session needs client_id (stable across restarts, so the broker keeps its session)",
+            ),
+            Some(id) if id.is_empty() => self.error(format!("{base}.client_id"), "must not be empty"),
+            Some(_) => {}
+        }
+        if s.keep_alive == Some(0) {
+            self.error(format!("{base}.keep_alive"), "must be at least 1 (second)");
+        }
+        let version = s.protocol_version.unwrap_or_default();
+        if let Some(expiry) = s.session_expiry {
+            if version == ProtocolVersion::V311 {
+                self.error(
+                    format!("{base}.session_expiry"),
+                    "session_expiry needs protocol_version v5 (a v3.1.1 broker keeps a session until it decides otherwise)",
+                );
+            }
+            self.positive(format!("{base}.session_expiry"), expiry);
+            if expiry.get().as_secs() > u64::from(u32::MAX) {
+                self.error(
+                    format!("{base}.session_expiry"),
+                    format!("must be at most {}s (MQTT's limit)", u32::MAX),
+                );
+            }
+        }
+        if version == ProtocolVersion::V311 && s.password.is_some() && s.username.is_none() {
+            self.error(
+                format!("{base}.password"),
+                "MQTT v3.1.1 does not allow a password without a username",
+            );
+        }
+        if tls == Some(false) {
+            if (s.username.is_some() || s.password.is_some())
+                && s.allow_plaintext_credentials != Some(true)
+            {
+                let key = if s.password.is_some() {
+                    "password"
+                } else {
+                    "username"
+                };
+                self.error(
+                    format!("{base}.{key}"),
+                    "credentials would cross the network unencrypted: use an ssl://, mqtts:// or wss:// broker_url, or set allow_plaintext_credentials: true",
+                );
+            }
+            for (key, set) in [
+                ("ca_file", s.ca_file.is_some()),
+                ("client_cert_file", s.client_cert_file.is_some()),
+                ("client_key_file", s.client_key_file.is_some()),
+            ] {
+                if set {
+                    self.error(
+                        format!("{base}.{key}"),
+                        format!("{key} needs a TLS broker_url (ssl://, mqtts:// or wss://)"),
+                    );
+                }
+            }
+        }
+        match (&s.client_cert_file, &s.client_key_file) {
+            (Some(_), None) => self.error(
+                format!("{base}.client_key_file"),
+                "client_cert_file needs client_key_file",
+            ),
+            (None, Some(_)) => self.error(
+                format!("{base}.client_cert_file"),
+                "client_key_file needs client_cert_file",
+            ),
+            _ => {}
+        }
+    }
+
+    fn sqs_session(&mut self, base: &str, s: &SessionSettings) {
+        if let Some(endpoint) = &s.endpoint_url
+            && let Err(e) = syntax::http_url(endpoint)
+        {
+            self.error(format!("{base}.endpoint_url"), e);
+        }
+        if let Some(region) = &s.region
+            && region.trim().is_empty()
+        {
+            self.error(format!("{base}.region"), "must not be empty");
+        }
+        if let Some(wait) = s.wait_time
+            && (wait.is_zero() || wait > MAX_SQS_WAIT || wait.get().subsec_nanos() != 0)
+        {
+            self.error(
+                format!("{base}.wait_time"),
+                format!("must be whole seconds from 1s to 20s, got {wait}"),
+            );
+        }
+        if let Some(vis) = s.visibility_timeout
+            && (vis.is_zero() || vis > MAX_SQS_VISIBILITY || vis.get().subsec_nanos() != 0)
+        {
+            self.error(
+                format!("{base}.visibility_timeout"),
+                format!("must be whole seconds from 1s to 12h, got {vis}"),
+            );
+        }
+    }
+
+    /// The transport of session `id`, reporting a dangling reference at `path`.
+    fn session_transport(&mut self, path: String, id: &str) -> Option<Transport> {
+        match self.index.sessions.get(id) {
+            Some(s) => Some(s.transport),
+            None => {
+                self.error(path, format!("unknown session \"{id}\""));
+                None
+            }
+        }
+    }
+
+    pub(super) fn receivers(&mut self) {
+        for (i, r) in self.config.receivers.iter().enumerate() {
+            let base = format!("receivers[{i}]");
+            let Some(transport) =
+                self.session_transport(format!("{base}.session_id"), &r.session_id)
+            else {
+                continue;
+            };
+            match transport {
+                Transport::Mqtt => {
+                    if r.queue.is_some() {
+                        self.error(
+                            format!("{base}.queue"),
+                            format!(
+                                "queue is for sqs receivers; session \"{}\" is mqtt (use topics)",
+                                r.session_id
+                            ),
+                        );
+                    }
+                    match &r.topics {
+                        None => {
+                            self.error(format!("{base}.topics"), "an mqtt receiver needs topics")
+                        }
+                        Some(t) if t.is_empty() => self.error(
+                            format!("{base}.topics"),
+                            "an mqtt receiver needs at least one topic",
+                        ),
+                        Some(topics) => {
+                            let mut seen = HashSet::new();
+                            for (j, t) in topics.iter().enumerate() {
+                                let path = format!("{base}.topics[{j}]");
+                                if let Err(e) = syntax::topic_filter(&t.topic) {
+                                    self.error(format!("{path}.topic"), e);
+                                } else if !seen.insert(t.topic.as_str()) {
+                                    self.error(
+                                        format!("{path}.topic"),
+                                        format!("topic filter \"{}\" is listed twice", t.topic),
+                                    );
+                                }
+                                self.qos(format!("{path}.qos"), t.qos);
+                            }
+                        }
+                    }
+                }
+                Transport::Sqs => {
+                    if r.topics.is_some() {
+                        self.error(
+                            format!("{base}.topics"),
+                            format!(
+                                "topics are for mqtt receivers; session \"{}\" is sqs (use queue)",
+                                r.session_id
+                            ),
+                        );
+                    }
+                    match &r.queue {
+                        None => self.error(
+                            format!("{base}.queue"),
+                            "an sqs receiver needs queue (a queue name or URL)",
+                        ),
+                        Some(q) => {
+                            if let Err(e) = syntax::queue_ref(q) {
+                                self.error(format!("{base}.queue"), e);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn qos(&mut self, path: String, qos: u8) {
+        if qos > 2 {
+            self.error(path, format!("qos must be 0, 1 or 2, got {qos}"));
+        }
+    }
+
+    pub(super) fn senders(&mut self) {
+        for (i, sender) in self.config.senders.iter().enumerate() {
+            let base = format!("senders[{i}]");
+            let Some(transport) =
+                self.session_transport(format!("{base}.session_id"), &sender.session_id)
+            else {
+                continue;
+            };
+            let opts = format!("{base}.options.sender");
+            let s = &sender.options.sender;
+            let foreign: &[(&str, bool)] = match transport {
+                Transport::Mqtt => &[
+                    ("queue_url", s.queue_url.is_some()),
+                    ("queue_name", s.queue_name.is_some()),
+                ],
+                Transport::Sqs => &[("qos", s.qos.is_some()), ("retain", s.retain.is_some())],
+            };
+            let other = match transport {
+                Transport::Mqtt => Transport::Sqs,
+                Transport::Sqs => Transport::Mqtt,
+            };
+            for (key, set) in foreign {
+                if *set {
+                    self.error(
+                        format!("{opts}.{key}"),
+                        format!(
+                            "{key} is an option of {other} senders, and session \"{}\" is {transport}",
+                            sender.session_id
+                        ),
+                    );
+                }
+            }
+            match transport {
+                Transport::Mqtt => {
+                    if let Some(qos) = s.qos {
+                        self.qos(format!("{opts}.qos"), qos);
+                    }
+                }
+                Transport::Sqs => match (&s.queue_url, &s.queue_name) {
+                    (None, None) => self.error(
+                        opts,
+                        "an sqs sender needs queue_url or queue_name (the queue it is pinned to)",
+                    ),
+                    (Some(_), Some(_)) => self.error(
+                        format!("{opts}.queue_name"),
+                        "set queue_url or queue_name, not both",
+                    ),
+                    (Some(u), None) => {
+                        if let Err(e) = syntax::queue_url(u) {
+                            self.error(format!("{opts}.queue_url"), e);
+                        }
+                    }
+                    (None, Some(n)) => {
+                        if let Err(e) = syntax::queue_name(n) {
+                            self.error(format!("{opts}.queue_name"), e);
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    pub(super) fn bindings(&mut self) {
+        for (i, b) in self.config.bindings.iter().enumerate() {
+            let base = format!("bindings[{i}]");
+            let Some(sender) = self.index.senders.get(b.sender_id.as_str()).copied() else {
+                self.error(
+                    format!("{base}.sender_id"),
+                    format!("unknown sender \"{}\"", b.sender_id),
+                );
+                continue;
+            };
+            let Some(session) = self.index.sessions.get(sender.session_id.as_str()).copied() else {
+                continue; // reported on the sender
+            };
+            let path = format!("{base}.address");
+            match session.transport {
+                Transport::Mqtt => {
+                    if let Err(e) = syntax::publish_topic(&b.address) {
+                        self.error(path, e);
+                    }
+                }
+                Transport::Sqs => {
+                    if let Err(e) = sqs_address(sender, &b.address) {
+                        self.error(path, e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An SQS binding address is its sender's queue: the bare name or the URL.
+fn sqs_address(sender: &Sender, address: &str) -> Result<(), String> {
+    let s = &sender.options.sender;
+    // The sender's own queue settings are checked (and reported) on the sender.
+    let (url, name) = match (&s.queue_url, &s.queue_name) {
+        (Some(u), _) => match syntax::queue_url(u) {
+            Ok(name) => (Some(u.trim_end_matches('/')), name),
+            Err(_) => return Ok(()),
+        },
+        (None, Some(n)) => (None, n.as_str()),
+        (None, None) => return Ok(()),
+    };
+    let matches = if syntax::looks_like_url(address) {
+        match url {
+            Some(u) => address.trim_end_matches('/') == u,
+            None => syntax::queue_url(address).is_ok_and(|n| n == name),
+        }
+    } else {
+        address == name
+    };
+    if matches {
+        Ok(())
+    } else {
+        let pinned = match url {
+            Some(u) => format!("queue_url \"{u}\""),
+            None => format!("queue_name \"{name}\""),
+        };
+        Err(format!(
+            "\"{address}\" is not the queue of sender \"{}\" ({pinned}); an sqs binding address is that queue's bare name \"{name}\" or its URL",
+            sender.id
+        ))
+    }
+}
