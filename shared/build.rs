@@ -34,6 +34,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_transport(false)
         .compile_fds(fds)?;
 
-    println!("cargo:rerun-if-changed={}", proto_root.display());
+    for file in files {
+        println!("cargo:rerun-if-changed={}", proto_root.join(file).display());
+    }
     Ok(())
 }
