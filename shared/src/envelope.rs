@@ -233,9 +233,7 @@ mod tests {
             },
             expires_at: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)),
             trace: TraceContext {
-                traceparent: Some(
-                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
-                ),
+                traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
                 tracestate: None,
             },
         }
