@@ -63,6 +63,8 @@ pub mod memory;
 mod outbox;
 pub mod sqlite;
 
+#[cfg(test)]
+mod conformance;
 
 pub use dlq::{DlqEntry, DlqFilter, DlqPage, DlqReason, DlqStat, DlqStats, PageRequest};
 pub use lease::{Acquired, Grant, Lease, LeaseState};
