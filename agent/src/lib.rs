@@ -1,5 +1,15 @@
-//! ferry-agent.
+//! ferry-agent: the half of Ferry that runs near the brokers.
+//!
+//! An agent runs receivers, routes, outbox writers and drainers for the
+//! bridges it is given. It is stateless apart from its stores:
+//!
+//! - [`stores`]: the outbox (per-destination progress, fenced by lease
+//!   versions), the lease store and the dead-letter queue, each a trait with
+//!   `memory` and `sqlite` backends and one conformance suite.
+//! - [`metrics`]: every metric, defined once; the conservation counters.
+//! - [`admin`]: the admin HTTP listener (`/metrics`, `/healthz`, `/readyz`).
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod metrics;
+pub mod stores;

@@ -1,0 +1,177 @@
+//! Outbox record types, shared by every backend.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use ferry_shared::envelope::Envelope;
+
+use super::{StoreError, StoreResult};
+
+/// A record to append: one envelope for one binding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewRecord {
+    /// Unique record id (a UUIDv7 from [`NewRecord::new`]); the id of the DLQ
+    /// entry the record may become, so it must never repeat.
+    pub id: String,
+    /// The binding (destination) the record is for.
+    pub binding: String,
+    /// The address the binding sends to.
+    pub address: String,
+    /// The message.
+    pub envelope: Envelope,
+    /// When the record was written.
+    pub created_at: SystemTime,
+    /// When the record stops being worth delivering.
+    pub expires_at: Option<SystemTime>,
+}
+
+impl NewRecord {
+    /// A record with a fresh UUIDv7 id, expiring when the envelope does.
+    pub fn new(
+        binding: impl Into<String>,
+        address: impl Into<String>,
+        envelope: Envelope,
+        created_at: SystemTime,
+    ) -> Self {
+        NewRecord {
+            id: uuid::Uuid::now_v7().to_string(),
+            binding: binding.into(),
+            address: address.into(),
+            expires_at: envelope.expires_at,
+            envelope,
+            created_at,
+        }
+    }
+}
+
+/// A stored record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxRecord {
+    /// The partition (`{bridge}/{route}`).
+    pub partition: String,
+    /// Position in the partition, strictly increasing, never reused.
+    pub seq: u64,
+    /// Unique record id.
+    pub id: String,
+    /// The binding the record is for.
+    pub binding: String,
+    /// The address the binding sends to.
+    pub address: String,
+    /// The message.
+    pub envelope: Envelope,
+    /// When the record was appended.
+    pub created_at: SystemTime,
+    /// When it stops being worth delivering.
+    pub expires_at: Option<SystemTime>,
+    /// The current claim; `None` while pending.
+    pub claim: Option<Claim>,
+    /// How many failed sends released it.
+    pub replay_count: u32,
+    /// When the first failed send was released.
+    pub first_attempt_at: Option<SystemTime>,
+    /// The error of the last failed send.
+    pub last_error: Option<String>,
+}
+
+/// Who claimed a record, under which fencing version and when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// The lease version of the claim.
+    pub version: u64,
+    /// The claiming drainer.
+    pub owner: String,
+    /// When it was claimed.
+    pub claimed_at: SystemTime,
+}
+
+/// How a claimed record goes back to pending.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// A send was tried and failed: `replay_count + 1`, `first_attempt_at`
+    /// set if unset, `last_error` set.
+    Failed {
+        /// The send error.
+        error: String,
+        /// When the attempt was made.
+        attempted_at: SystemTime,
+    },
+    /// Never tried (an earlier record of its binding failed, shutdown, lost
+    /// lease): nothing is counted.
+    Untried,
+}
+
+/// Counts for a partition or one of its bindings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BindingStats {
+    /// Records stored (pending + claimed).
+    pub depth: u64,
+    /// Records claimed.
+    pub claimed: u64,
+    /// Creation time of the oldest pending record.
+    pub oldest_pending_created_at: Option<SystemTime>,
+}
+
+impl BindingStats {
+    /// Records waiting to be claimed.
+    pub fn pending(&self) -> u64 {
+        self.depth - self.claimed
+    }
+
+    /// Age of the oldest pending record at `now` (zero if in the future).
+    pub fn oldest_pending_age(&self, now: SystemTime) -> Option<Duration> {
+        self.oldest_pending_created_at
+            .map(|t| now.duration_since(t).unwrap_or_default())
+    }
+
+    pub(crate) fn add(&mut self, claimed: bool, created_at: SystemTime) {
+        self.depth += 1;
+        if claimed {
+            self.claimed += 1;
+        } else {
+            self.oldest_pending_created_at = Some(
+                self.oldest_pending_created_at
+                    .map_or(created_at, |t| t.min(created_at)),
+            );
+        }
+    }
+}
+
+/// Statistics of one partition.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OutboxStats {
+    /// The fencing high-water mark (0 before any claim).
+    pub high_water_mark: u64,
+    /// Every binding together.
+    pub total: BindingStats,
+    /// Per binding with at least one record.
+    pub bindings: BTreeMap<String, BindingStats>,
+}
+
+/// Checks what `append` refuses, before anything is written.
+pub(crate) fn validate_append(partition: &str, records: &[NewRecord]) -> StoreResult<()> {
+    if partition.is_empty() {
+        return Err(StoreError::Invalid("empty partition".into()));
+    }
+    for (i, r) in records.iter().enumerate() {
+        if r.id.is_empty() {
+            return Err(StoreError::Invalid(format!("records[{i}]: empty id")));
+        }
+        if r.binding.is_empty() {
+            return Err(StoreError::Invalid(format!("records[{i}]: empty binding")));
+        }
+    }
+    Ok(())
+}
+
+/// The error for an operation under a version below the high-water mark.
+pub(crate) fn stale(partition: &str, version: u64, hwm: u64) -> StoreError {
+    StoreError::Stale(format!(
+        "partition {partition}: version {version} is below the high-water mark {hwm}"
+    ))
+}
+
+/// True when a claim made at `claimed_at` is old enough at `now` to be
+/// reclaimed by its owner.
+pub(crate) fn claim_is_stale(claimed_at: SystemTime, now: SystemTime, after: Duration) -> bool {
+    now.duration_since(claimed_at).is_ok_and(|age| age >= after)
+}

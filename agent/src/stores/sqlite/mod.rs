@@ -1,0 +1,194 @@
+//! SQLite backends: a single durable node.
+//!
+//! Each store opens its own database (the same file may back several
+//! stores; their tables do not overlap). A store has one writer thread
+//! owning the write connection ([`writer`]: group commit, answers after
+//! `COMMIT`) and one read connection used from the blocking pool, so reads
+//! never wait for a group to commit. The database runs in WAL mode with
+//! `synchronous=FULL` by default: an acknowledged write is on disk even if
+//! the machine loses power; `NORMAL` keeps it across a process crash only.
+//!
+//! Times are stored as nanoseconds since the Unix epoch (exact round trips);
+//! envelopes as [`Envelope::encode`](ferry_shared::envelope::Envelope::encode).
+
+mod dlq;
+mod lease;
+mod outbox;
+mod schema;
+mod writer;
+
+pub use dlq::SqliteDlqStore;
+pub use lease::SqliteLeaseStore;
+pub use outbox::SqliteOutboxStore;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, OpenFlags};
+
+use super::{StoreError, StoreResult};
+use writer::Writer;
+
+/// How hard SQLite syncs a commit to disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Synchronous {
+    /// fsync on every commit: survives power loss.
+    #[default]
+    Full,
+    /// fsync at checkpoints only: survives a process crash, not power loss.
+    Normal,
+}
+
+/// How to open a SQLite store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// The database file; created if missing.
+    pub path: PathBuf,
+    /// Commit durability (default `Full`).
+    pub synchronous: Synchronous,
+    /// How long a connection waits for another one's lock before failing
+    /// with `Timeout` (default 5 s).
+    pub busy_timeout: Duration,
+    /// Outbox only: how old an owner's claim must be before `claim` gives it
+    /// back to the same owner (default 30 s).
+    pub stale_claim_duration: Duration,
+}
+
+impl SqliteOptions {
+    /// Options for `path` with the defaults.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        SqliteOptions {
+            path: path.into(),
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(5),
+            stale_claim_duration: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Maps a SQLite error: a lock wait that ran out is `Timeout`; anything else
+/// is `Unavailable` (the caller cannot know more).
+pub(crate) fn sql_error(e: rusqlite::Error) -> StoreError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+            StoreError::Timeout(format!("sqlite: {e}"))
+        }
+        _ => StoreError::Unavailable(format!("sqlite: {e}")),
+    }
+}
+
+/// An integer column as the unsigned value it was stored from.
+pub(crate) fn to_u64(n: i64) -> StoreResult<u64> {
+    u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative value {n}")))
+}
+
+/// An unsigned value as an integer column.
+pub(crate) fn to_i64(n: u64) -> StoreResult<i64> {
+    i64::try_from(n).map_err(|_| StoreError::Invalid(format!("value {n} exceeds i64")))
+}
+
+fn connect(options: &SqliteOptions) -> StoreResult<Connection> {
+    let conn = Connection::open_with_flags(
+        &options.path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sql_error)?;
+    conn.busy_timeout(options.busy_timeout).map_err(sql_error)?;
+    let sync = match options.synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    // journal_mode returns a row, so it is queried rather than executed.
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(sql_error)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Unavailable(format!(
+            "{}: cannot enable WAL (journal mode is {mode})",
+            options.path.display()
+        )));
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous={sync}; PRAGMA foreign_keys=OFF;"
+    ))
+    .map_err(sql_error)?;
+    Ok(conn)
+}
+
+/// The writer and the read connection of one store.
+pub(crate) struct Db {
+    writer: Writer,
+    reader: Arc<Mutex<Connection>>,
+}
+
+impl Db {
+    /// Opens (creating if needed) the database, applies `schema` on the
+    /// write connection and starts the writer. Blocking work runs on the
+    /// blocking pool.
+    pub(crate) async fn open(
+        options: SqliteOptions,
+        name: &'static str,
+        schema: fn(&Connection) -> StoreResult<()>,
+    ) -> StoreResult<Self> {
+        let (write, read) = tokio::task::spawn_blocking(move || {
+            let write = connect(&options)?;
+            schema(&write)?;
+            let read = connect(&options)?;
+            Ok::<_, StoreError>((write, read))
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("open task failed: {e}")))??;
+        Ok(Db {
+            writer: Writer::start(write, name)?,
+            reader: Arc::new(Mutex::new(read)),
+        })
+    }
+
+    /// Runs `work` in the writer's next group transaction.
+    pub(crate) async fn write<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        self.writer.execute(work).await
+    }
+
+    /// Runs `work` on the read connection, in one read transaction, on the
+    /// blocking pool.
+    pub(crate) async fn read<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let reader = Arc::clone(&self.reader);
+        tokio::task::spawn_blocking(move || {
+            let conn = reader
+                .lock()
+                .map_err(|_| StoreError::Unavailable("sqlite reader poisoned".into()))?;
+            conn.execute_batch("BEGIN").map_err(sql_error)?;
+            let out = work(&conn);
+            // A read transaction changes nothing; ending it cannot lose
+            // data, but it must end so the next read sees new commits.
+            if conn.execute_batch("COMMIT").is_err() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            out
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}")))?
+    }
+
+    /// Transactions the writer has committed.
+    pub(crate) fn commits(&self) -> u64 {
+        self.writer.commits()
+    }
+
+    /// Waits for the writer to finish what it was sent, then closes both
+    /// connections.
+    pub(crate) async fn close(self) {
+        self.writer.close().await;
+    }
+}

@@ -1,0 +1,236 @@
+//! The writer thread and group commit.
+//!
+//! One thread owns the write connection. Callers send it jobs over a bounded
+//! channel (a full channel makes them wait: back-pressure, not memory
+//! growth). The thread takes every job waiting in the channel, up to
+//! [`MAX_GROUP`], and runs them in one `BEGIN IMMEDIATE … COMMIT`, each job
+//! inside its own savepoint so that a failing job is rolled back alone. With
+//! `synchronous=FULL` the group shares one fsync. Each caller is answered
+//! only after `COMMIT` returned: an `Ok` is durable.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use super::sql_error;
+use crate::stores::{StoreError, StoreResult};
+
+/// Jobs waiting for the writer; senders wait when it is full.
+const CHANNEL_CAPACITY: usize = 1024;
+/// Most jobs committed in one transaction, so one group cannot hold the
+/// write lock (and its callers) for long.
+const MAX_GROUP: usize = 512;
+
+/// A unit of work run inside the group transaction.
+trait Job: Send {
+    /// Runs the work; returns false when it failed (its savepoint is rolled
+    /// back).
+    fn run(&mut self, conn: &Connection) -> bool;
+    /// Answers the caller with the outcome of the work and of the commit.
+    fn answer(self: Box<Self>, commit: &StoreResult<()>);
+}
+
+struct TypedJob<T, F> {
+    work: Option<F>,
+    result: Option<StoreResult<T>>,
+    reply: oneshot::Sender<StoreResult<T>>,
+}
+
+impl<T, F> Job for TypedJob<T, F>
+where
+    T: Send,
+    F: FnOnce(&Connection) -> StoreResult<T> + Send,
+{
+    fn run(&mut self, conn: &Connection) -> bool {
+        let result = match self.work.take() {
+            Some(work) => work(conn),
+            None => Err(StoreError::Unavailable("job run twice".into())),
+        };
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn answer(self: Box<Self>, commit: &StoreResult<()>) {
+        let outcome = match (self.result, commit) {
+            // The job's own failure was rolled back: certainly not applied.
+            (Some(Err(e)), _) => Err(e),
+            (Some(Ok(v)), Ok(())) => Ok(v),
+            (_, Err(e)) => Err(e.clone()),
+            (None, Ok(())) => Err(StoreError::Unavailable("job was not run".into())),
+        };
+        // The caller may have given up waiting; its outcome is then unknown
+        // to it, which `Unavailable` already told it to expect.
+        let _ = self.reply.send(outcome);
+    }
+}
+
+/// Handle to the writer thread.
+pub(crate) struct Writer {
+    jobs: mpsc::Sender<Box<dyn Job>>,
+    thread: JoinHandle<()>,
+    /// Transactions committed: with the jobs answered, how well groups form.
+    commits: Arc<AtomicU64>,
+}
+
+impl Writer {
+    /// Starts the writer thread on `conn`.
+    pub(crate) fn start(conn: Connection, name: &str) -> StoreResult<Self> {
+        let (jobs, rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let commits = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&commits);
+        let thread = std::thread::Builder::new()
+            .name(format!("ferry-sqlite-{name}"))
+            .spawn(move || run(conn, rx, &counter))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
+        Ok(Writer {
+            jobs,
+            thread,
+            commits,
+        })
+    }
+
+    /// Runs `work` in the next group transaction and returns its result once
+    /// the transaction is committed.
+    pub(crate) async fn execute<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = Box::new(TypedJob {
+            work: Some(work),
+            result: None,
+            reply,
+        });
+        self.jobs
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("sqlite writer stopped before answering".into()))?
+    }
+
+    /// Transactions committed so far.
+    pub(crate) fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Stops the thread after the jobs already sent and waits for it, so the
+    /// connection is closed when this returns.
+    pub(crate) async fn close(self) {
+        let Writer { jobs, thread, .. } = self;
+        drop(jobs);
+        // Joining blocks, so it runs on the blocking pool. A panicked writer
+        // has nothing left to close.
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+}
+
+fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, commits: &AtomicU64) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        if commit_group(&conn, group) {
+            commits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Runs and answers one group; true when it committed.
+fn commit_group(conn: &Connection, mut group: Vec<Box<dyn Job>>) -> bool {
+    let outcome = run_group(conn, &mut group);
+    if outcome.is_err() {
+        // Nothing of the group may stay half-applied; a failed ROLLBACK
+        // means SQLite already rolled back.
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    for job in group {
+        job.answer(&outcome);
+    }
+    outcome.is_ok()
+}
+
+fn run_group(conn: &Connection, group: &mut [Box<dyn Job>]) -> StoreResult<()> {
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(sql_error)?;
+    for job in group.iter_mut() {
+        conn.execute_batch("SAVEPOINT job").map_err(sql_error)?;
+        if job.run(conn) {
+            conn.execute_batch("RELEASE job").map_err(sql_error)?;
+        } else {
+            // If this fails the transaction is gone (SQLite rolls back on
+            // some I/O errors): the whole group fails as unknown.
+            conn.execute_batch("ROLLBACK TO job; RELEASE job")
+                .map_err(sql_error)?;
+        }
+    }
+    conn.execute_batch("COMMIT").map_err(|e| {
+        // A failed COMMIT may have reached the disk in part: unknown.
+        StoreError::Unavailable(format!("commit failed: {e}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn writer() -> (Writer, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let conn = Connection::open(dir.path().join("w.db")).expect("open");
+        conn.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t (x INTEGER UNIQUE)")
+            .expect("schema");
+        (Writer::start(conn, "test").expect("start"), dir)
+    }
+
+    fn insert(x: i64) -> impl FnOnce(&Connection) -> StoreResult<i64> + Send + 'static {
+        move |c| {
+            c.execute("INSERT INTO t (x) VALUES (?1)", [x])
+                .map_err(super::super::sql_error)?;
+            Ok(x)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_jobs_share_transactions_and_fail_alone() {
+        let (w, _dir) = writer();
+        let w = Arc::new(w);
+        let mut calls = Vec::new();
+        for i in 0..400 {
+            let w = Arc::clone(&w);
+            // Every tenth job collides with an earlier one and must fail
+            // without taking its group down.
+            let x = if i % 10 == 9 { i - 1 } else { i };
+            calls.push(tokio::spawn(async move { (i, w.execute(insert(x)).await) }));
+        }
+        let mut failed = 0;
+        for call in calls {
+            let (i, r) = call.await.expect("task");
+            match r {
+                Ok(x) => assert_eq!(x, if i % 10 == 9 { i - 1 } else { i }),
+                Err(_) => failed += 1,
+            }
+        }
+        // Exactly one of each colliding pair fails.
+        assert_eq!(failed, 40);
+        let count = w
+            .execute(|c| {
+                c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get::<_, i64>(0))
+                    .map_err(super::super::sql_error)
+            })
+            .await
+            .expect("count");
+        assert_eq!(count, 360);
+        assert!(w.commits() < 400, "{} commits for 401 jobs", w.commits());
+    }
+}
