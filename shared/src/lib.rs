@@ -2,6 +2,8 @@
 //!
 //! - [`api`]: the generated `ferry.v1` gRPC messages, clients and servers
 //!   (from `proto/ferry/v1`), plus the encoded descriptor set for reflection.
+//! - [`envelope`]: the message as Ferry carries it, with the storage
+//!   encoding the outbox, the DLQ and the API share.
 //! - [`config`]: the bridge configuration model (the YAML document), its
 //!   loading with `${VAR}` expansion, and the pure validator both halves run.
 //!
@@ -9,3 +11,4 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod envelope;
