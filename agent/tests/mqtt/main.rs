@@ -1,8 +1,6 @@
 //! The MQTT transport against a real Mosquitto started by each test.
 #![allow(clippy::unwrap_used)]
 
-mod mosquitto;
-
 use std::time::{Duration, SystemTime};
 
 use ferry_agent::transports::mqtt::{
@@ -11,7 +9,7 @@ use ferry_agent::transports::mqtt::{
 };
 use ferry_agent::transports::{Address, Defect, Delivery, Outcome, SendError};
 use ferry_shared::envelope::{Envelope, Source, TraceContext};
-use mosquitto::Mosquitto;
+use ferry_tests::Mosquitto;
 use prost::bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
@@ -20,18 +18,6 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 const DEADLINE: Duration = Duration::from_secs(15);
-
-/// Waits for a condition, polling, with a deadline.
-pub async fn wait_for(what: &str, deadline: Duration, mut ready: impl FnMut() -> bool) {
-    let until = tokio::time::Instant::now() + deadline;
-    while !ready() {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn wait_connected(watch: &mut watch::Receiver<bool>, want: bool) {
     tokio::time::timeout(DEADLINE, watch.wait_for(|c| *c == want))
@@ -166,7 +152,7 @@ fn receiver_settings(filter: &str) -> MqttReceiverSettings {
 
 #[tokio::test]
 async fn a_received_message_maps_v5_properties_and_is_acked_after_settle() {
-    let broker = Mosquitto::start().await;
+    let broker = Mosquitto::start().await.unwrap();
     let mut agent =
         Agent::start(session_settings(&broker, "rx-1"), receiver_settings("in/#")).await;
     let publisher = TestClient::connect(&broker, "pub-1", None).await;
@@ -230,7 +216,7 @@ async fn a_received_message_maps_v5_properties_and_is_acked_after_settle() {
 
 #[tokio::test]
 async fn a_message_is_redelivered_when_the_agent_stops_before_settle() {
-    let mut broker = Mosquitto::start().await;
+    let mut broker = Mosquitto::start().await.unwrap();
     let mut agent =
         Agent::start(session_settings(&broker, "rx-2"), receiver_settings("in/#")).await;
     let publisher = TestClient::connect(&broker, "pub-2", None).await;
@@ -244,7 +230,7 @@ async fn a_message_is_redelivered_when_the_agent_stops_before_settle() {
     // A settle after the session stopped acknowledges nothing.
     held.settle.settle(Outcome::Persisted);
     // The broker keeps the unacknowledged message across its own restart too.
-    broker.restart().await;
+    broker.restart().await.unwrap();
     let mut agent =
         Agent::start(session_settings(&broker, "rx-2"), receiver_settings("in/#")).await;
     let again = agent.recv().await;
@@ -259,7 +245,7 @@ async fn a_message_is_redelivered_when_the_agent_stops_before_settle() {
 
 #[tokio::test]
 async fn acks_go_out_in_receive_order_when_settled_out_of_order() {
-    let broker = Mosquitto::start().await;
+    let broker = Mosquitto::start().await.unwrap();
     let mut agent =
         Agent::start(session_settings(&broker, "rx-3"), receiver_settings("in/#")).await;
     let publisher = TestClient::connect(&broker, "pub-3", None).await;
@@ -308,7 +294,7 @@ async fn acks_go_out_in_receive_order_when_settled_out_of_order() {
 
 #[tokio::test]
 async fn an_unacknowledged_settle_blocks_later_acks_and_the_broker_redelivers() {
-    let broker = Mosquitto::start().await;
+    let broker = Mosquitto::start().await.unwrap();
     let mut agent =
         Agent::start(session_settings(&broker, "rx-4"), receiver_settings("in/#")).await;
     let publisher = TestClient::connect(&broker, "pub-4", None).await;
@@ -334,7 +320,7 @@ async fn an_unacknowledged_settle_blocks_later_acks_and_the_broker_redelivers() 
 
 #[tokio::test]
 async fn an_oversized_payload_is_delivered_as_a_defect() {
-    let broker = Mosquitto::start().await;
+    let broker = Mosquitto::start().await.unwrap();
     let mut settings = receiver_settings("in/#");
     settings.max_payload_bytes = 8;
     let mut agent = Agent::start(session_settings(&broker, "rx-5"), settings).await;
@@ -376,7 +362,7 @@ fn envelope(id: &str, payload: &str) -> Envelope {
 
 #[tokio::test]
 async fn a_send_resolves_on_puback_and_fails_transient_while_the_broker_is_down() {
-    let mut broker = Mosquitto::start().await;
+    let mut broker = Mosquitto::start().await.unwrap();
     let shutdown = CancellationToken::new();
     let mut settings = session_settings(&broker, "tx-1");
     settings.clean_start = true;
@@ -442,12 +428,12 @@ async fn a_send_resolves_on_puback_and_fails_transient_while_the_broker_is_down(
             .is_err_and(|e| e.is_permanent())
     );
 
-    broker.stop().await;
+    broker.stop().await.unwrap();
     wait_connected(&mut connected, false).await;
     let down = sender.send(&envelope("id-2", "two"), &to).await;
     assert!(matches!(down, Err(SendError::Transient(_))), "{down:?}");
 
-    broker.restart().await;
+    broker.restart().await.unwrap();
     wait_connected(&mut connected, true).await;
     assert!(session.reconnects() >= 1);
     let consumer = TestClient::connect(&broker, "sub-1b", Some("out/#")).await;
@@ -463,7 +449,7 @@ async fn a_send_resolves_on_puback_and_fails_transient_while_the_broker_is_down(
 
 #[tokio::test]
 async fn mqtt_3_1_1_receives_and_sends() {
-    let broker = Mosquitto::start().await;
+    let broker = Mosquitto::start().await.unwrap();
     let mut settings = session_settings(&broker, "v3-1");
     settings.protocol = Protocol::V311;
     let mut agent = Agent::start(settings, receiver_settings("loop/in/#")).await;
@@ -485,7 +471,7 @@ async fn mqtt_3_1_1_receives_and_sends() {
 
 #[tokio::test]
 async fn credentials_over_plaintext_are_refused_without_the_flag() {
-    let broker = Mosquitto::start().await;
+    let broker = Mosquitto::start().await.unwrap();
     let mut settings = session_settings(&broker, "creds");
     settings.username = Some("user".into());
     settings.password = Some("secret".into());
