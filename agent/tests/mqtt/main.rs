@@ -488,3 +488,101 @@ async fn credentials_over_plaintext_are_refused_without_the_flag() {
     shutdown.cancel();
     session.stopped().await;
 }
+
+/// A CA and a server certificate for 127.0.0.1, made with the openssl CLI.
+fn make_certificates(dir: &std::path::Path) -> Option<()> {
+    let openssl = |args: &[&str]| {
+        std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .ok()
+            .filter(|s| s.success())
+            .map(|_| ())
+    };
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").ok()?;
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ferry-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ])?;
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ])?;
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    ])
+}
+
+#[tokio::test]
+async fn tls_with_a_ca_file_and_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    if make_certificates(dir.path()).is_none() {
+        eprintln!("skipping: the openssl CLI cannot make test certificates");
+        return;
+    }
+    let d = dir.path().display();
+    let broker = Mosquitto::builder()
+        .config_line(format!("certfile {d}/server.pem"))
+        .config_line(format!("keyfile {d}/server.key"))
+        .start()
+        .await
+        .unwrap();
+    let mut settings = MqttSessionSettings::new(
+        "tls",
+        format!("mqtts://127.0.0.1:{}", broker.port()),
+        "tls-1",
+    );
+    settings.ca_file = Some(dir.path().join("ca.pem"));
+    settings.username = Some("user".into());
+    settings.password = Some("secret".into());
+    settings.keep_alive = Duration::from_secs(5);
+    let mut agent = Agent::start(settings, receiver_settings("tls/#")).await;
+    let sender = agent.session.sender(MqttSenderSettings::default());
+    sender
+        .send(
+            &envelope("tls-id", "secret payload"),
+            &Address::new("tls/a"),
+        )
+        .await
+        .unwrap();
+    let d = agent.recv().await;
+    assert_eq!(d.envelope.id, "tls-id");
+    d.settle.settle(Outcome::Sent);
+    agent.stop().await;
+}
