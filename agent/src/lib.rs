@@ -8,8 +8,12 @@
 //!   `memory` and `sqlite` backends and one conformance suite.
 //! - [`metrics`]: every metric, defined once; the conservation counters.
 //! - [`admin`]: the admin HTTP listener (`/metrics`, `/healthz`, `/readyz`).
+//! - [`transports`]: sessions, receivers and senders for the brokers and
+//!   queues Ferry moves messages between (MQTT today), behind transport-neutral
+//!   traits the routes and drainers use.
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod metrics;
 pub mod stores;
+pub mod transports;

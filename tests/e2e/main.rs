@@ -1,1 +1,10 @@
+//! Ferry's end-to-end tests: one test binary, one module per area.
+//!
+//! They start real processes — Mosquitto brokers, a moto server, the project's binaries — on
+//! free loopback ports, and use fresh PostgreSQL databases, through the `ferry_tests` harness.
+//! Run them with `./scripts/test.sh`, which installs what they need and builds the binaries
+//! first.
 
+#![forbid(unsafe_code)]
+
+mod harness_selftest;

@@ -1,0 +1,34 @@
+//! MQTT transport (rumqttc): sessions, a receiver and senders.
+//!
+//! - [`MqttSession`] owns one connection (v5 by default, v3.1.1 as an option;
+//!   `tcp://` or TLS `ssl://`), polls its event loop in a task until the
+//!   shutdown token fires, reconnects with backoff and publishes its connected
+//!   state. [`MqttSession::start_with_receiver`] adds a [`MqttReceiver`];
+//!   [`MqttSession::sender`] makes [`MqttSender`]s.
+//! - The receiver acknowledges in receive order, only after settle; see
+//!   `receiver` for the invariants. The sender resolves on the PUBACK of its own
+//!   publish; see `sender`.
+//! - `protocol` hides the two rumqttc clients; `properties` maps the envelope
+//!   to and from v5 publish properties; `tls` builds the rustls configuration.
+//!
+//! A session meant to receive should keep `clean_start` off with a session
+//! expiry, so the broker holds QoS 1 messages while the agent is down. Cancel a
+//! session's token only after the routes using it have stopped: settles that
+//! arrive after the session stopped are no-ops (the broker redelivers).
+
+mod properties;
+mod protocol;
+mod receiver;
+mod sender;
+mod session;
+mod settings;
+mod tls;
+
+pub use properties::{TRACEPARENT_HEADER, TRACESTATE_HEADER};
+pub use receiver::MqttReceiver;
+pub use sender::MqttSender;
+pub use session::MqttSession;
+pub use settings::{
+    MQTT_MAX_PACKET_BYTES, MqttReceiverSettings, MqttSenderSettings, MqttSessionSettings, Protocol,
+    Qos, SettingsError,
+};

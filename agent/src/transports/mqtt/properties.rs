@@ -1,0 +1,236 @@
+//! Envelope ⇄ MQTT v5 publish properties.
+//!
+//! Incoming: every user property becomes a header, in order (the reserved
+//! ones included, so a dead-letter entry shows the message as it came);
+//! `ferry-message-id` becomes the envelope id (a new UUIDv7 when absent or
+//! empty); `traceparent` / `tracestate` become the trace context; content type
+//! and message expiry interval become `content_type` and `expires_at`.
+//!
+//! Outgoing: the headers minus the reserved keys, then `ferry-message-id` with
+//! the envelope id (always), then `traceparent` / `tracestate` from the trace
+//! context; content type; the *remaining* expiry as message expiry interval.
+
+use std::time::{Duration, SystemTime};
+
+use ferry_shared::envelope::{Envelope, MESSAGE_ID_HEADER, Source, TraceContext};
+use rumqttc::v5::mqttbytes::v5::PublishProperties;
+
+use super::protocol::Received;
+use crate::transports::{Defect, SendError};
+
+/// The W3C trace context headers.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// The W3C trace state header.
+pub const TRACESTATE_HEADER: &str = "tracestate";
+
+/// Keys the sender writes from envelope fields rather than from the headers.
+fn is_reserved(key: &str) -> bool {
+    key == MESSAGE_ID_HEADER || key == TRACEPARENT_HEADER || key == TRACESTATE_HEADER
+}
+
+/// Builds the envelope of a received publish, and its defect if it cannot be
+/// forwarded as it is.
+pub(crate) fn envelope_from(
+    received: Received,
+    session_id: &str,
+    max_payload_bytes: usize,
+    now: SystemTime,
+) -> (Envelope, Option<Defect>) {
+    let mut defect = None;
+    let address = match String::from_utf8(received.topic.to_vec()) {
+        Ok(topic) if !topic.is_empty() => topic,
+        Ok(_) => {
+            defect = Some(Defect::InvalidTopic("the topic is empty".into()));
+            String::new()
+        }
+        Err(e) => {
+            let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
+            defect = Some(Defect::InvalidTopic(format!("{lossy:?} is not UTF-8")));
+            lossy
+        }
+    };
+    if received.payload.len() > max_payload_bytes {
+        defect = Some(Defect::Oversized {
+            size: received.payload.len(),
+            limit: max_payload_bytes,
+        });
+    }
+    let properties = received.properties.unwrap_or_default();
+    let headers = properties.user_properties;
+    let first = |key: &str| {
+        headers
+            .iter()
+            .find(|(k, v)| k == key && !v.is_empty())
+            .map(|(_, v)| v.clone())
+    };
+    let id = first(MESSAGE_ID_HEADER).unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let trace = TraceContext {
+        traceparent: first(TRACEPARENT_HEADER),
+        tracestate: first(TRACESTATE_HEADER),
+    };
+    let expires_at = properties
+        .message_expiry_interval
+        .and_then(|secs| now.checked_add(Duration::from_secs(u64::from(secs))));
+    let envelope = Envelope {
+        id,
+        headers,
+        payload: received.payload,
+        content_type: properties.content_type.filter(|c| !c.is_empty()),
+        source: Source {
+            transport: "mqtt".into(),
+            session_id: session_id.to_owned(),
+            address,
+            received_at: now,
+        },
+        expires_at,
+        trace,
+    };
+    (envelope, defect)
+}
+
+/// The v5 publish properties of an outgoing envelope. An envelope whose expiry
+/// has passed is a permanent error: it can never be delivered in time.
+pub(crate) fn properties_for(
+    envelope: &Envelope,
+    now: SystemTime,
+) -> Result<PublishProperties, SendError> {
+    let mut user_properties: Vec<(String, String)> = envelope
+        .headers
+        .iter()
+        .filter(|(k, _)| !is_reserved(k))
+        .cloned()
+        .collect();
+    user_properties.push((MESSAGE_ID_HEADER.to_owned(), envelope.id.clone()));
+    if let Some(tp) = &envelope.trace.traceparent {
+        user_properties.push((TRACEPARENT_HEADER.to_owned(), tp.clone()));
+    }
+    if let Some(ts) = &envelope.trace.tracestate {
+        user_properties.push((TRACESTATE_HEADER.to_owned(), ts.clone()));
+    }
+    let message_expiry_interval = match envelope.expires_at {
+        None => None,
+        Some(at) => {
+            let remaining = at.duration_since(now).map_err(|_| {
+                SendError::Permanent("the message expired before it was sent".into())
+            })?;
+            // Round up, so a message is never cut shorter than it had left.
+            let secs = remaining.as_secs() + u64::from(remaining.subsec_nanos() > 0);
+            if secs == 0 {
+                return Err(SendError::Permanent(
+                    "the message expired before it was sent".into(),
+                ));
+            }
+            Some(u32::try_from(secs).unwrap_or(u32::MAX))
+        }
+    };
+    Ok(PublishProperties {
+        user_properties,
+        content_type: envelope.content_type.clone(),
+        message_expiry_interval,
+        ..PublishProperties::default()
+    })
+}
+
+/// An upper bound of the encoded size of a publish (fixed header, topic,
+/// packet id, properties, payload), to refuse what the broker would refuse
+/// before it reaches the connection (an oversized write closes it).
+pub(crate) fn publish_size(topic: &str, payload: usize, properties: &PublishProperties) -> usize {
+    let strings = |s: &Option<String>| s.as_ref().map_or(0, |s| 3 + s.len());
+    let props: usize = properties
+        .user_properties
+        .iter()
+        .map(|(k, v)| 5 + k.len() + v.len())
+        .sum::<usize>()
+        + strings(&properties.content_type)
+        + properties.message_expiry_interval.map_or(0, |_| 5);
+    // 5: fixed header; 2 + topic; 2: packet id; 4: property length.
+    5 + 2 + topic.len() + 2 + 4 + props + payload
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::bytes::Bytes;
+
+    use super::*;
+    use crate::transports::mqtt::settings::Qos;
+
+    fn received(properties: Option<PublishProperties>) -> Received {
+        Received {
+            topic: Bytes::from_static(b"sensors/1"),
+            qos: Qos::AtLeastOnce,
+            pkid: 7,
+            payload: Bytes::from_static(b"hello"),
+            properties,
+        }
+    }
+
+    #[test]
+    fn v5_properties_become_the_envelope() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let props = PublishProperties {
+            user_properties: vec![
+                ("b".into(), "2".into()),
+                (MESSAGE_ID_HEADER.into(), "id-1".into()),
+                ("a".into(), "1".into()),
+                (TRACEPARENT_HEADER.into(), "00-abc-def-01".into()),
+                ("b".into(), "3".into()),
+            ],
+            content_type: Some("application/json".into()),
+            message_expiry_interval: Some(60),
+            ..PublishProperties::default()
+        };
+        let (e, defect) = envelope_from(received(Some(props)), "in", 1024, now);
+        assert_eq!(defect, None);
+        assert_eq!(e.id, "id-1");
+        assert_eq!(e.headers.len(), 5);
+        assert_eq!(e.headers[0], ("b".into(), "2".into()));
+        assert_eq!(e.headers[4], ("b".into(), "3".into()));
+        assert_eq!(e.content_type.as_deref(), Some("application/json"));
+        assert_eq!(e.expires_at, Some(now + Duration::from_secs(60)));
+        assert_eq!(e.trace.traceparent.as_deref(), Some("00-abc-def-01"));
+        assert_eq!(e.source.address, "sensors/1");
+        assert_eq!(e.source.session_id, "in");
+        assert_eq!(e.source.received_at, now);
+
+        // And back out: reserved keys written once, from the envelope fields.
+        let out = properties_for(&e, now + Duration::from_millis(500)).unwrap_or_default();
+        let keys: Vec<&str> = out
+            .user_properties
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(keys, ["b", "a", "b", MESSAGE_ID_HEADER, TRACEPARENT_HEADER]);
+        assert_eq!(out.message_expiry_interval, Some(60));
+        assert_eq!(out.content_type.as_deref(), Some("application/json"));
+    }
+
+    #[test]
+    fn without_properties_a_new_v7_id() {
+        let now = SystemTime::now();
+        let (e, _) = envelope_from(received(None), "in", 1024, now);
+        let id = uuid::Uuid::parse_str(&e.id).ok();
+        assert_eq!(id.map(|u| u.get_version_num()), Some(7));
+        assert!(e.headers.is_empty());
+        assert_eq!(e.expires_at, None);
+    }
+
+    #[test]
+    fn defects() {
+        let now = SystemTime::now();
+        let (_, defect) = envelope_from(received(None), "in", 4, now);
+        assert_eq!(defect, Some(Defect::Oversized { size: 5, limit: 4 }));
+        let mut bad = received(None);
+        bad.topic = Bytes::from_static(b"a/\xff");
+        let (e, defect) = envelope_from(bad, "in", 1024, now);
+        assert!(matches!(defect, Some(Defect::InvalidTopic(_))));
+        assert!(e.source.address.starts_with("a/"));
+    }
+
+    #[test]
+    fn an_expired_envelope_is_not_sent() {
+        let now = SystemTime::now();
+        let (mut e, _) = envelope_from(received(None), "in", 1024, now);
+        e.expires_at = Some(now);
+        assert!(properties_for(&e, now).is_err_and(|e| e.is_permanent()));
+    }
+}

@@ -1,0 +1,360 @@
+//! The MQTT receiver: deliveries out, PUBACKs back in receive order.
+//!
+//! Invariants:
+//!
+//! - **A PUBACK goes out only after its delivery is settled with an outcome
+//!   that acknowledges, and only once every earlier QoS 1/2 delivery of the
+//!   same connection has been acknowledged** (MQTT requires acks in the order
+//!   the PUBLISHes arrived). The [`AckQueue`] holds the packet ids of one
+//!   connection in receive order; a settle marks one entry, and the settled
+//!   prefix is released to rumqttc.
+//! - **A delivery settled without acknowledgement stops acknowledging on its
+//!   connection**: acknowledging later ones would be out of order, so they stay
+//!   unacknowledged too and come back with it. Once every delivery of that
+//!   connection is settled the receiver drops the connection; the broker then
+//!   redelivers everything unacknowledged on the next one (persistent session).
+//!   Later deliveries that were settled with an acknowledging outcome are
+//!   therefore received twice — the at-least-once duplicate, never a loss.
+//! - **A settle handle belongs to its connection.** After a reconnect the queue
+//!   starts a new generation; a handle of the previous one is a no-op (its
+//!   message is redelivered).
+//! - **Nothing blocks the event loop.** Deliveries go into a bounded channel
+//!   with `try_send`; the broker's receive window (v5 receive maximum =
+//!   `max_in_flight` = the channel's capacity) keeps it from overflowing. Should
+//!   it overflow anyway (v3.1.1 has no receive maximum), a QoS 1/2 message is
+//!   left unacknowledged as above and a QoS 0 message is dropped (at most once).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use tokio::sync::mpsc;
+
+use super::properties::envelope_from;
+use super::protocol::{Client, Received};
+use super::settings::{MqttReceiverSettings, Qos};
+use crate::transports::{Delivery, Outcome, Receiver, RecvFuture, SettleHandle};
+
+/// Receives the deliveries of one session's subscriptions.
+#[derive(Debug)]
+pub struct MqttReceiver {
+    deliveries: mpsc::Receiver<Delivery>,
+}
+
+impl MqttReceiver {
+    /// The next delivery in receive order; `None` once the session stopped.
+    /// Cancel-safe.
+    pub async fn recv(&mut self) -> Option<Delivery> {
+        self.deliveries.recv().await
+    }
+}
+
+impl Receiver for MqttReceiver {
+    fn recv(&mut self) -> RecvFuture<'_> {
+        Box::pin(self.deliveries.recv())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Waiting,
+    Ack,
+    Hold,
+}
+
+#[derive(Debug)]
+struct Entry {
+    pkid: u16,
+    qos: Qos,
+    state: State,
+}
+
+/// Identifies one entry of one connection's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    generation: u64,
+    seq: u64,
+}
+
+/// The QoS 1/2 deliveries of the current connection, in receive order.
+#[derive(Debug, Default)]
+pub(crate) struct AckQueue {
+    generation: u64,
+    /// Sequence number of `entries.front()`.
+    front_seq: u64,
+    entries: VecDeque<Entry>,
+    /// A delivery was settled without acknowledgement on this connection.
+    blocked: bool,
+    reconnect_requested: bool,
+    /// Released acks rumqttc's request queue has not taken yet, in order.
+    ready: VecDeque<(u16, Qos)>,
+}
+
+impl AckQueue {
+    /// A new connection: everything of the previous one is forgotten (it is
+    /// redelivered by the broker).
+    pub fn new_connection(&mut self) {
+        self.generation += 1;
+        self.front_seq = 0;
+        self.entries.clear();
+        self.blocked = false;
+        self.reconnect_requested = false;
+        self.ready.clear();
+    }
+
+    pub fn push(&mut self, pkid: u16, qos: Qos) -> Ticket {
+        let seq = self.front_seq + self.entries.len() as u64;
+        self.entries.push_back(Entry {
+            pkid,
+            qos,
+            state: State::Waiting,
+        });
+        Ticket {
+            generation: self.generation,
+            seq,
+        }
+    }
+
+    /// Records a settle; releases the acknowledgeable prefix into `ready`.
+    pub fn settle(&mut self, ticket: Ticket, acknowledge: bool) {
+        if ticket.generation != self.generation {
+            return;
+        }
+        let Some(index) = ticket
+            .seq
+            .checked_sub(self.front_seq)
+            .and_then(|i| usize::try_from(i).ok())
+        else {
+            return;
+        };
+        let Some(entry) = self.entries.get_mut(index) else {
+            return;
+        };
+        if entry.state != State::Waiting {
+            return;
+        }
+        entry.state = if acknowledge { State::Ack } else { State::Hold };
+        while !self.blocked {
+            match self.entries.front().map(|e| e.state) {
+                Some(State::Ack) => {
+                    if let Some(e) = self.entries.pop_front() {
+                        self.ready.push_back((e.pkid, e.qos));
+                        self.front_seq += 1;
+                    }
+                }
+                Some(State::Hold) => self.blocked = true,
+                Some(State::Waiting) | None => break,
+            }
+        }
+    }
+
+    /// Hands the released acks to rumqttc, in order, as far as its queue takes
+    /// them; the rest wait for the next flush.
+    pub fn flush(&mut self, client: &Client) {
+        while let Some(&(pkid, qos)) = self.ready.front() {
+            if client.try_ack(pkid, qos).is_err() {
+                break;
+            }
+            self.ready.pop_front();
+        }
+    }
+
+    /// True once per connection, when acknowledging is blocked and every
+    /// delivery of the connection is settled: time to reconnect so the broker
+    /// redelivers.
+    pub fn take_reconnect_request(&mut self) -> bool {
+        if self.blocked
+            && !self.reconnect_requested
+            && self.entries.iter().all(|e| e.state != State::Waiting)
+        {
+            self.reconnect_requested = true;
+            return true;
+        }
+        false
+    }
+
+    #[cfg(test)]
+    fn ready(&self) -> Vec<u16> {
+        self.ready.iter().map(|(p, _)| *p).collect()
+    }
+}
+
+fn lock(acks: &Mutex<AckQueue>) -> MutexGuard<'_, AckQueue> {
+    // The queue stays consistent between statements; a panic elsewhere while
+    // holding the lock does not make it unusable.
+    acks.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The session task's side of a receiver.
+pub(crate) struct ReceiverFeed {
+    settings: MqttReceiverSettings,
+    session_id: String,
+    client: Client,
+    acks: Arc<Mutex<AckQueue>>,
+    tx: mpsc::Sender<Delivery>,
+}
+
+impl ReceiverFeed {
+    pub fn new(
+        settings: MqttReceiverSettings,
+        session_id: String,
+        client: Client,
+    ) -> (Self, MqttReceiver) {
+        let (tx, rx) = mpsc::channel(usize::from(settings.max_in_flight));
+        let feed = Self {
+            settings,
+            session_id,
+            client,
+            acks: Arc::new(Mutex::new(AckQueue::default())),
+            tx,
+        };
+        (feed, MqttReceiver { deliveries: rx })
+    }
+
+    /// A CONNACK: a new generation; subscribes when the broker has no session
+    /// (first connection, or the session expired). True when a SUBSCRIBE was
+    /// queued.
+    pub fn on_connected(&mut self, session_present: bool) -> bool {
+        lock(&self.acks).new_connection();
+        if session_present {
+            return false;
+        }
+        {
+            if self.client.try_subscribe(&self.settings.filters).is_err() {
+                tracing::error!(
+                    session = %self.session_id,
+                    "cannot queue the subscription; reconnecting"
+                );
+                // Best effort: if even this does not fit, the next reconnect
+                // (keep-alive, error) subscribes again.
+                self.client.try_disconnect().ok();
+                false
+            } else {
+                tracing::debug!(session = %self.session_id, filters = ?self.settings.filters, "subscribing");
+                true
+            }
+        }
+    }
+
+    /// The connection is gone: settles of its deliveries become no-ops.
+    pub fn on_disconnected(&mut self) {
+        lock(&self.acks).new_connection();
+    }
+
+    pub fn on_publish(&mut self, received: Received) {
+        let qos = received.qos;
+        let pkid = received.pkid;
+        let (envelope, defect) = envelope_from(
+            received,
+            &self.session_id,
+            self.settings.max_payload_bytes,
+            SystemTime::now(),
+        );
+        let settle = if qos == Qos::AtMostOnce {
+            SettleHandle::noop()
+        } else {
+            let ticket = lock(&self.acks).push(pkid, qos);
+            let acks = Arc::clone(&self.acks);
+            let client = self.client.clone();
+            SettleHandle::new(move |outcome: Outcome| {
+                let mut queue = lock(&acks);
+                queue.settle(ticket, outcome.acknowledges());
+                queue.flush(&client);
+                if queue.take_reconnect_request() {
+                    tracing::info!(
+                        "a delivery was left unacknowledged; reconnecting so the broker redelivers"
+                    );
+                    client.try_disconnect().ok();
+                }
+            })
+        };
+        let delivery = Delivery {
+            envelope,
+            defect,
+            settle,
+        };
+        match self.tx.try_send(delivery) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(delivery)) => {
+                tracing::warn!(
+                    session = %self.session_id,
+                    id = %delivery.envelope.id,
+                    ?qos,
+                    "delivery channel full (the broker ignored the receive window); \
+                     leaving the message unacknowledged"
+                );
+                delivery.settle.settle(Outcome::BackPressure);
+            }
+            Err(mpsc::error::TrySendError::Closed(delivery)) => {
+                delivery.settle.settle(Outcome::Shutdown);
+            }
+        }
+    }
+
+    /// Hands released acks to rumqttc (called after each event: its queue may
+    /// have room again).
+    pub fn flush(&mut self) {
+        let mut queue = lock(&self.acks);
+        queue.flush(&self.client);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acks_leave_in_receive_order() {
+        let mut q = AckQueue::default();
+        q.new_connection();
+        let a = q.push(1, Qos::AtLeastOnce);
+        let b = q.push(2, Qos::AtLeastOnce);
+        let c = q.push(3, Qos::AtLeastOnce);
+        q.settle(c, true);
+        q.settle(b, true);
+        assert!(q.ready().is_empty(), "nothing before the first is settled");
+        q.settle(a, true);
+        assert_eq!(q.ready(), [1, 2, 3]);
+    }
+
+    #[test]
+    fn an_unacknowledged_delivery_blocks_later_acks_and_asks_for_a_reconnect() {
+        let mut q = AckQueue::default();
+        q.new_connection();
+        let a = q.push(1, Qos::AtLeastOnce);
+        let b = q.push(2, Qos::AtLeastOnce);
+        let c = q.push(3, Qos::AtLeastOnce);
+        q.settle(a, true);
+        q.settle(b, false);
+        assert!(!q.take_reconnect_request(), "c is still being processed");
+        q.settle(c, true);
+        assert_eq!(q.ready(), [1]);
+        assert!(q.take_reconnect_request());
+        assert!(!q.take_reconnect_request(), "once per connection");
+    }
+
+    #[test]
+    fn handles_of_an_old_connection_are_no_ops() {
+        let mut q = AckQueue::default();
+        q.new_connection();
+        let old = q.push(1, Qos::AtLeastOnce);
+        q.new_connection();
+        let new = q.push(1, Qos::AtLeastOnce);
+        q.settle(old, true);
+        assert!(q.ready().is_empty());
+        q.settle(new, true);
+        assert_eq!(q.ready(), [1]);
+    }
+
+    #[test]
+    fn a_settle_counts_once() {
+        let mut q = AckQueue::default();
+        q.new_connection();
+        let a = q.push(1, Qos::AtLeastOnce);
+        let b = q.push(2, Qos::AtLeastOnce);
+        q.settle(b, false);
+        q.settle(b, true);
+        q.settle(a, true);
+        assert_eq!(q.ready(), [1]);
+    }
+}

@@ -1,0 +1,299 @@
+//! The MQTT sender: a send resolves on the PUBACK of its own publish.
+//!
+//! rumqttc gives a publish no token. It does report, in request order, when
+//! each PUBLISH request is written (`Outgoing::Publish(pkid)`), and then the
+//! PUBACK of that packet id. So:
+//!
+//! - a send queues its request and its waiter **under one lock**, so the
+//!   waiters' FIFO ([`Outbound::queued`]) is in the order of rumqttc's request
+//!   channel, and the order of `send` calls is the order on the wire;
+//! - each "written" event takes the oldest waiter: QoS 0 resolves there, QoS
+//!   1/2 moves to `inflight[pkid]` until its acknowledgement (a v5 reason code
+//!   ≥ 0x80 becomes a [`SendError`]). A request that collides with a packet id
+//!   still in flight is parked (`Outgoing::AwaitAck`) and written later;
+//! - **on every connection loss all waiters fail with a transient error**, and
+//!   the publishes rumqttc still holds (queued or kept for retransmission) are
+//!   discarded, so a new connection carries only publishes whose waiters are
+//!   alive. The caller retries; the broker may see a message twice, never
+//!   lose one;
+//! - while disconnected a send fails at once (the drainer does not send then);
+//!   every send is bounded by `send_timeout`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use ferry_shared::envelope::Envelope;
+use rumqttc::v5::mqttbytes::v5::PublishProperties;
+use tokio::sync::{Notify, oneshot, watch};
+use tokio::time::{Instant, timeout_at};
+
+use super::properties::{properties_for, publish_size};
+use super::protocol::Client;
+use super::settings::{MqttSenderSettings, Protocol, topic_problem};
+use crate::transports::{Address, SendError, SendFuture, Sender};
+
+type Waiter = oneshot::Sender<Result<(), SendError>>;
+
+/// The publishes of one session awaiting their outcome.
+#[derive(Debug, Default)]
+pub(crate) struct Outbound {
+    connected: bool,
+    stopped: bool,
+    /// The largest packet that may be written (ours and the broker's limit).
+    max_packet: usize,
+    /// Requested, not yet written, in request order.
+    queued: VecDeque<Waiter>,
+    /// Collided with a packet id in flight; written once that id is acked.
+    parked: Option<(u16, Waiter)>,
+    /// Written, awaiting PUBACK / PUBCOMP.
+    inflight: HashMap<u16, Waiter>,
+}
+
+impl Outbound {
+    pub fn new(max_packet: usize) -> Self {
+        Self {
+            max_packet,
+            ..Self::default()
+        }
+    }
+
+    pub fn on_connected(&mut self, ours: usize, broker: Option<u32>) {
+        self.connected = true;
+        self.max_packet = broker.map_or(ours, |b| ours.min(b as usize));
+    }
+
+    pub fn on_written(&mut self, pkid: u16) {
+        let waiter = match self.parked.take() {
+            Some((parked, waiter)) if parked == pkid => waiter,
+            other => {
+                self.parked = other;
+                match self.queued.pop_front() {
+                    Some(waiter) => waiter,
+                    None => {
+                        tracing::warn!(pkid, "a publish was written that no sender waits for");
+                        return;
+                    }
+                }
+            }
+        };
+        if pkid == 0 {
+            waiter.send(Ok(())).ok();
+        } else {
+            self.inflight.insert(pkid, waiter);
+        }
+    }
+
+    pub fn on_parked(&mut self, pkid: u16) {
+        if let Some(waiter) = self.queued.pop_front() {
+            self.parked = Some((pkid, waiter));
+        }
+    }
+
+    pub fn on_acked(&mut self, pkid: u16, refused: Option<SendError>) {
+        if let Some(waiter) = self.inflight.remove(&pkid) {
+            // The caller may have timed out and gone: nothing to tell then.
+            waiter.send(refused.map_or(Ok(()), Err)).ok();
+        }
+    }
+
+    /// Fails every waiter; the session is disconnected (or stopped) until the
+    /// next [`Outbound::on_connected`].
+    pub fn fail_all(&mut self, error: &SendError) {
+        self.connected = false;
+        let parked = self.parked.take().map(|(_, w)| w);
+        for waiter in self
+            .queued
+            .drain(..)
+            .chain(parked)
+            .chain(self.inflight.drain().map(|(_, w)| w))
+        {
+            waiter.send(Err(error.clone())).ok();
+        }
+    }
+
+    pub fn stop(&mut self) {
+        self.stopped = true;
+        self.fail_all(&SendError::Transient("the session stopped".into()));
+    }
+}
+
+pub(crate) fn lock(outbound: &Mutex<Outbound>) -> MutexGuard<'_, Outbound> {
+    outbound
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What the session shares with its senders.
+#[derive(Debug)]
+pub(crate) struct SenderShared {
+    pub outbound: Mutex<Outbound>,
+    /// Signalled after every event of the loop: rumqttc's request queue may
+    /// have room again.
+    pub progress: Notify,
+}
+
+/// Publishes envelopes on one MQTT session. Cheap to clone; clones share the
+/// session and its order.
+#[derive(Clone, Debug)]
+pub struct MqttSender {
+    shared: Arc<SenderShared>,
+    client: Client,
+    protocol: Protocol,
+    settings: MqttSenderSettings,
+    connected: watch::Receiver<bool>,
+}
+
+impl MqttSender {
+    pub(crate) fn new(
+        shared: Arc<SenderShared>,
+        client: Client,
+        protocol: Protocol,
+        settings: MqttSenderSettings,
+        connected: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            shared,
+            client,
+            protocol,
+            settings,
+            connected,
+        }
+    }
+
+    /// Publishes `envelope` on topic `address` and resolves on its PUBACK
+    /// (QoS 1), PUBCOMP (QoS 2), or once written (QoS 0).
+    pub async fn send(&self, envelope: &Envelope, address: &Address) -> Result<(), SendError> {
+        let deadline = Instant::now() + self.settings.send_timeout;
+        let topic = address.as_str();
+        if let Some(problem) = topic_problem(topic) {
+            return Err(SendError::Permanent(format!("{problem}: {topic:?}")));
+        }
+        let properties = match self.protocol {
+            Protocol::V5 => properties_for(envelope, SystemTime::now())?,
+            Protocol::V311 => {
+                if envelope.is_expired(SystemTime::now()) {
+                    return Err(SendError::Permanent(
+                        "the message expired before it was sent".into(),
+                    ));
+                }
+                PublishProperties::default()
+            }
+        };
+        let size = publish_size(topic, envelope.payload.len(), &properties);
+        let outcome = loop {
+            let progress = self.shared.progress.notified();
+            tokio::pin!(progress);
+            // Register before trying, so a wake-up between the try and the
+            // wait is not missed.
+            progress.as_mut().enable();
+            {
+                let mut outbound = lock(&self.shared.outbound);
+                if outbound.stopped {
+                    return Err(SendError::Transient("the session stopped".into()));
+                }
+                if !outbound.connected {
+                    return Err(SendError::Transient("not connected to the broker".into()));
+                }
+                if size > outbound.max_packet {
+                    return Err(SendError::Permanent(format!(
+                        "a publish of about {size} bytes exceeds the maximum packet size of {} bytes",
+                        outbound.max_packet
+                    )));
+                }
+                let queued = self.client.try_publish(
+                    topic,
+                    self.settings.qos,
+                    self.settings.retain,
+                    envelope.payload.clone(),
+                    properties.clone(),
+                );
+                if queued.is_ok() {
+                    let (tx, rx) = oneshot::channel();
+                    outbound.queued.push_back(tx);
+                    break rx;
+                }
+            }
+            // rumqttc's request queue is full: wait for the loop to take some.
+            if timeout_at(deadline, progress).await.is_err() {
+                return Err(SendError::Timeout(self.settings.send_timeout));
+            }
+        };
+        match timeout_at(deadline, outcome).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(SendError::Transient("the session stopped".into())),
+            Err(_) => Err(SendError::Timeout(self.settings.send_timeout)),
+        }
+    }
+}
+
+impl Sender for MqttSender {
+    fn send<'a>(&'a self, envelope: &'a Envelope, address: &'a Address) -> SendFuture<'a> {
+        Box::pin(MqttSender::send(self, envelope, address))
+    }
+
+    fn connected(&self) -> watch::Receiver<bool> {
+        self.connected.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiter(outbound: &mut Outbound) -> oneshot::Receiver<Result<(), SendError>> {
+        let (tx, rx) = oneshot::channel();
+        outbound.queued.push_back(tx);
+        rx
+    }
+
+    #[test]
+    fn written_events_match_waiters_in_order_and_acks_resolve_them() {
+        let mut o = Outbound::new(1024);
+        o.on_connected(1024, None);
+        let mut a = waiter(&mut o);
+        let mut b = waiter(&mut o);
+        let mut c = waiter(&mut o);
+        o.on_written(1);
+        o.on_written(2);
+        o.on_written(0); // QoS 0: done when written
+        assert_eq!(c.try_recv().ok(), Some(Ok(())));
+        o.on_acked(2, Some(SendError::Permanent("no".into())));
+        o.on_acked(1, None);
+        assert_eq!(a.try_recv().ok(), Some(Ok(())));
+        assert!(
+            b.try_recv()
+                .is_ok_and(|r| r.is_err_and(|e| e.is_permanent()))
+        );
+    }
+
+    #[test]
+    fn a_parked_publish_keeps_its_waiter() {
+        let mut o = Outbound::new(1024);
+        o.on_connected(1024, None);
+        let mut a = waiter(&mut o);
+        let mut b = waiter(&mut o);
+        o.on_written(1);
+        o.on_parked(1); // b collides with 1, still in flight
+        o.on_acked(1, None);
+        o.on_written(1); // b written after 1's ack
+        o.on_acked(1, None);
+        assert_eq!(a.try_recv().ok(), Some(Ok(())));
+        assert_eq!(b.try_recv().ok(), Some(Ok(())));
+    }
+
+    #[test]
+    fn a_connection_loss_fails_every_waiter() {
+        let mut o = Outbound::new(1024);
+        o.on_connected(1024, Some(100));
+        assert_eq!(o.max_packet, 100);
+        let mut a = waiter(&mut o);
+        let mut b = waiter(&mut o);
+        o.on_written(1);
+        o.fail_all(&SendError::Transient("lost".into()));
+        assert!(!o.connected);
+        for rx in [&mut a, &mut b] {
+            assert!(matches!(rx.try_recv(), Ok(Err(SendError::Transient(_)))));
+        }
+    }
+}

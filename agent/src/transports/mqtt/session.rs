@@ -1,0 +1,394 @@
+//! The MQTT session: one connection, its event loop task, reconnects.
+//!
+//! The task polls rumqttc's event loop without pause until the shutdown token
+//! fires (a `poll` is never cancelled otherwise: it may be writing a packet).
+//! On a connection error it fails every outstanding send, discards what rumqttc
+//! kept to retransmit, forgets the receiver's unacknowledged deliveries (the
+//! broker redelivers them), publishes `false` on the connected watch, and
+//! reconnects after an exponential backoff with jitter. On CONNACK it publishes
+//! `true`, and subscribes again when the broker kept no session.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::protocol::{self, Client, Event, EventLoop};
+use super::receiver::{MqttReceiver, ReceiverFeed};
+use super::sender::{self, MqttSender, Outbound, SenderShared};
+use super::settings::{
+    MqttReceiverSettings, MqttSenderSettings, MqttSessionSettings, Protocol, SettingsError,
+};
+use crate::transports::{SendError, Session};
+
+/// A connection that lasted this long resets the reconnect backoff.
+const STABLE_CONNECTION: Duration = Duration::from_secs(10);
+/// How long a graceful shutdown waits for the DISCONNECT to be written.
+const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
+
+/// One MQTT connection, kept up until its shutdown token fires.
+#[derive(Debug)]
+pub struct MqttSession {
+    name: String,
+    protocol: Protocol,
+    client: Client,
+    senders: Arc<SenderShared>,
+    connected: watch::Receiver<bool>,
+    reconnects: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl MqttSession {
+    /// Starts a session that only sends. Settings are checked first; the
+    /// connection is made in the background (watch [`MqttSession::connected`]).
+    /// Must be called inside a Tokio runtime.
+    pub fn start(
+        settings: MqttSessionSettings,
+        shutdown: CancellationToken,
+    ) -> Result<Self, SettingsError> {
+        Self::spawn(settings, None, shutdown).map(|(session, _)| session)
+    }
+
+    /// Starts a session with a receiver of `receiver`'s topic filters (manual
+    /// acknowledgements, v5 receive maximum = `max_in_flight`). It can send too.
+    pub fn start_with_receiver(
+        settings: MqttSessionSettings,
+        receiver: MqttReceiverSettings,
+        shutdown: CancellationToken,
+    ) -> Result<(Self, MqttReceiver), SettingsError> {
+        let (session, receiver) = Self::spawn(settings, Some(receiver), shutdown)?;
+        match receiver {
+            Some(receiver) => Ok((session, receiver)),
+            None => Err(SettingsError::Invalid(
+                "the receiver was not created".into(),
+            )),
+        }
+    }
+
+    fn spawn(
+        settings: MqttSessionSettings,
+        receiver: Option<MqttReceiverSettings>,
+        shutdown: CancellationToken,
+    ) -> Result<(Self, Option<MqttReceiver>), SettingsError> {
+        let endpoint = settings.validate()?;
+        if let Some(receiver) = &receiver {
+            receiver.validate(&settings)?;
+        }
+        let (client, eventloop) = protocol::create(&settings, &endpoint, receiver.as_ref())?;
+        let (feed, receiver) = match receiver {
+            Some(r) => {
+                let (feed, receiver) = ReceiverFeed::new(r, settings.name.clone(), client.clone());
+                (Some(feed), Some(receiver))
+            }
+            None => (None, None),
+        };
+        let senders = Arc::new(SenderShared {
+            outbound: std::sync::Mutex::new(Outbound::new(settings.max_packet_bytes as usize)),
+            progress: Notify::new(),
+        });
+        let (connected_tx, connected) = watch::channel(false);
+        let reconnects = Arc::new(AtomicU64::new(0));
+        let task = EventTask {
+            name: settings.name.clone(),
+            max_packet: settings.max_packet_bytes as usize,
+            client: client.clone(),
+            eventloop,
+            feed,
+            senders: Arc::clone(&senders),
+            connected: connected_tx,
+            reconnects: Arc::clone(&reconnects),
+            backoff: Backoff::new(settings.reconnect_initial, settings.reconnect_max),
+        };
+        tracing::info!(
+            session = %settings.name,
+            broker = %settings.broker_url,
+            client_id = %settings.client_id,
+            protocol = ?settings.protocol,
+            "starting mqtt session"
+        );
+        let task = tokio::spawn(task.run(shutdown));
+        let session = Self {
+            name: settings.name,
+            protocol: settings.protocol,
+            client,
+            senders,
+            connected,
+            reconnects,
+            task,
+        };
+        Ok((session, receiver))
+    }
+
+    /// The session's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A sender publishing on this session.
+    pub fn sender(&self, settings: MqttSenderSettings) -> MqttSender {
+        MqttSender::new(
+            Arc::clone(&self.senders),
+            self.client.clone(),
+            self.protocol,
+            settings,
+            self.connected.clone(),
+        )
+    }
+
+    /// The connected state: `true` from CONNACK (and, for a receiver that had
+    /// to subscribe, SUBACK) until the connection is lost.
+    pub fn connected(&self) -> watch::Receiver<bool> {
+        self.connected.clone()
+    }
+
+    /// How many times the session connected again after its first connection.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// Drops the current connection (a clean DISCONNECT, the session is kept)
+    /// and connects again: the broker redelivers every unacknowledged message.
+    pub fn reconnect(&self) {
+        if self.client.try_disconnect().is_err() {
+            tracing::warn!(session = %self.name, "cannot queue a disconnect");
+        }
+    }
+
+    /// Waits until the session's task has ended (after its shutdown token
+    /// fired): the DISCONNECT is sent and every pending send has failed.
+    pub async fn stopped(self) {
+        if let Err(error) = self.task.await {
+            tracing::error!(session = %self.name, %error, "mqtt session task failed");
+        }
+    }
+}
+
+impl Session for MqttSession {
+    fn connected(&self) -> watch::Receiver<bool> {
+        MqttSession::connected(self)
+    }
+
+    fn reconnects(&self) -> u64 {
+        MqttSession::reconnects(self)
+    }
+}
+
+struct EventTask {
+    name: String,
+    max_packet: usize,
+    client: Client,
+    eventloop: EventLoop,
+    feed: Option<ReceiverFeed>,
+    senders: Arc<SenderShared>,
+    connected: watch::Sender<bool>,
+    reconnects: Arc<AtomicU64>,
+    backoff: Backoff,
+}
+
+impl EventTask {
+    async fn run(mut self, shutdown: CancellationToken) {
+        let mut connected_at: Option<Instant> = None;
+        let mut ever_connected = false;
+        loop {
+            let polled = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                polled = self.eventloop.poll() => polled,
+            };
+            match polled {
+                Ok(event) => {
+                    if let Event::Connected { .. } = event {
+                        if ever_connected {
+                            self.reconnects.fetch_add(1, Ordering::Relaxed);
+                        }
+                        ever_connected = true;
+                        connected_at = Some(Instant::now());
+                    }
+                    self.handle(event);
+                    if let Some(feed) = &mut self.feed {
+                        feed.flush();
+                    }
+                    self.senders.progress.notify_waiters();
+                }
+                Err(error) => {
+                    let lasted = connected_at.take().map(|at| at.elapsed());
+                    self.on_connection_lost(&format!("connection lost: {error}"));
+                    if lasted.is_some_and(|d| d >= STABLE_CONNECTION) {
+                        self.backoff.reset();
+                    }
+                    let delay = self.backoff.next_delay();
+                    if lasted.is_some() {
+                        tracing::warn!(session = %self.name, %error, ?delay, "mqtt connection lost; reconnecting");
+                    } else {
+                        tracing::warn!(session = %self.name, %error, ?delay, "mqtt connection failed; retrying");
+                    }
+                    tokio::select! {
+                        biased;
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+        self.shut_down(connected_at.is_some()).await;
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Connected {
+                session_present,
+                max_packet_size,
+            } => {
+                // A receiver that had to subscribe is connected once subscribed.
+                let subscribing = match &mut self.feed {
+                    Some(feed) => feed.on_connected(session_present),
+                    None => false,
+                };
+                sender::lock(&self.senders.outbound).on_connected(self.max_packet, max_packet_size);
+                if !subscribing {
+                    self.connected.send_replace(true);
+                }
+                tracing::info!(session = %self.name, session_present, "mqtt connected");
+            }
+            Event::Publish(received) => match &mut self.feed {
+                Some(feed) => feed.on_publish(received),
+                None => tracing::warn!(
+                    session = %self.name,
+                    topic = %String::from_utf8_lossy(&received.topic),
+                    "a publish arrived on a session without a receiver; ignored"
+                ),
+            },
+            Event::Acked { pkid, refused } => {
+                sender::lock(&self.senders.outbound).on_acked(pkid, refused);
+            }
+            Event::PublishWritten(pkid) => {
+                sender::lock(&self.senders.outbound).on_written(pkid);
+            }
+            Event::PublishParked(pkid) => {
+                sender::lock(&self.senders.outbound).on_parked(pkid);
+            }
+            Event::Subscribed { refused } => {
+                self.connected.send_replace(true);
+                if refused.is_empty() {
+                    tracing::info!(session = %self.name, "subscribed");
+                } else {
+                    tracing::error!(session = %self.name, ?refused, "the broker refused subscriptions");
+                }
+            }
+            Event::DisconnectSent | Event::Other => {}
+        }
+    }
+
+    /// The connection is gone (rumqttc already dropped it). Order matters:
+    /// first the receiver's acks become stale, then — under the senders' lock,
+    /// so no send slips in between — the leftover requests are discarded and
+    /// every waiter fails.
+    fn on_connection_lost(&mut self, why: &str) {
+        if let Some(feed) = &mut self.feed {
+            feed.on_disconnected();
+        }
+        {
+            let mut outbound = sender::lock(&self.senders.outbound);
+            self.eventloop.discard_unsent();
+            outbound.fail_all(&SendError::Transient(why.to_owned()));
+        }
+        self.connected.send_replace(false);
+        self.senders.progress.notify_waiters();
+    }
+
+    async fn shut_down(mut self, connected: bool) {
+        if connected && self.client.try_disconnect().is_ok() {
+            // Unacknowledged deliveries stay with the broker's session.
+            let written = tokio::time::timeout(DISCONNECT_GRACE, async {
+                loop {
+                    match self.eventloop.poll().await {
+                        Ok(Event::DisconnectSent) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
+            })
+            .await;
+            if written.is_err() {
+                tracing::warn!(session = %self.name, "the disconnect was not written in time");
+            }
+        }
+        if let Some(feed) = &mut self.feed {
+            feed.on_disconnected();
+        }
+        sender::lock(&self.senders.outbound).stop();
+        self.connected.send_replace(false);
+        self.senders.progress.notify_waiters();
+        tracing::info!(session = %self.name, "mqtt session stopped");
+    }
+}
+
+/// Exponential backoff with "equal jitter": each delay is between half and all
+/// of `initial × 2^attempt`, capped at `max`.
+#[derive(Debug)]
+struct Backoff {
+    initial: Duration,
+    max: Duration,
+    attempt: u32,
+    rng: u64,
+}
+
+impl Backoff {
+    fn new(initial: Duration, max: Duration) -> Self {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64);
+        Self {
+            initial,
+            max,
+            attempt: 0,
+            rng: seed | 1,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let ceiling = self
+            .initial
+            .checked_mul(1u32 << self.attempt.min(20))
+            .map_or(self.max, |d| d.min(self.max));
+        self.attempt = self.attempt.saturating_add(1);
+        // xorshift64: jitter needs no cryptographic quality.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let half = ceiling / 2;
+        let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+        half + Duration::from_nanos(if nanos == 0 {
+            0
+        } else {
+            self.rng % (nanos + 1)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_the_cap_with_jitter_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+        let first = b.next_delay();
+        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+        for _ in 0..20 {
+            let d = b.next_delay();
+            assert!(d <= Duration::from_secs(10));
+        }
+        let late = b.next_delay();
+        assert!(late >= Duration::from_secs(5), "{late:?}");
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+}
