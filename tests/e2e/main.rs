@@ -7,4 +7,5 @@
 
 #![forbid(unsafe_code)]
 
+mod control_plane_health;
 mod harness_selftest;
