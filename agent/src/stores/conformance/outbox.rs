@@ -358,10 +358,7 @@ pub(crate) async fn expire_claims_only_pending_past_expiry<S: OutboxHarness + Ou
     // which is due as well.
     let again = s.expire(&p, "o", 2, t(10), 10).await.expect("expire");
     assert_eq!(seqs(&again), seqs_in[..3].to_vec());
-    let done = s
-        .complete(&p, 2, &seqs(&again))
-        .await
-        .expect("complete");
+    let done = s.complete(&p, 2, &seqs(&again)).await.expect("complete");
     assert_eq!(done, seqs(&again));
     let s = s.reopen().await;
     let left: Vec<String> = s
