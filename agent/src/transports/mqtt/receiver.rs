@@ -288,6 +288,7 @@ impl ReceiverFeed {
             Err(mpsc::error::TrySendError::Full(delivery)) => {
                 tracing::warn!(
                     session = %self.session_id,
+                    unacknowledged = lock(&self.acks).entries.len(),
                     id = %delivery.envelope.id,
                     ?qos,
                     "delivery channel full (the broker ignored the receive window); \
