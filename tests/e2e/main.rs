@@ -8,5 +8,6 @@
 #![forbid(unsafe_code)]
 
 mod agent_delivery;
+mod agent_failures;
 mod agent_support;
 mod harness_selftest;
