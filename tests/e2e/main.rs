@@ -7,5 +7,8 @@
 
 #![forbid(unsafe_code)]
 
+mod agent_delivery;
+mod agent_failures;
+mod agent_support;
 mod control_plane_health;
 mod harness_selftest;
