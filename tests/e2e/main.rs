@@ -7,4 +7,6 @@
 
 #![forbid(unsafe_code)]
 
+mod control_plane;
+mod ferryctl;
 mod harness_selftest;

@@ -21,8 +21,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::output::Format;
 use crate::views::{
-    AgentView, ConfigView, DlqEntryView, LeaseView, RedriveView, RouteView, TotalsView,
-    VersionView,
+    AgentView, ConfigView, DlqEntryView, LeaseView, RedriveView, RouteView, TotalsView, VersionView,
 };
 
 /// Manage Ferry bridges, agents, leases and dead letters.
