@@ -258,9 +258,17 @@ async fn heartbeats_both_ways_and_silence_disconnects() {
 
     // An agent that keeps sending heartbeats stays connected, and can
     // reconnect under the same id once its old stream is gone.
-    let agent = FakeAgent::connect(server.channel.clone(), "quiet", &[], &[])
-        .await
-        .unwrap();
+    // (The old stream releases the id right after recording its end; a real
+    // agent retries ALREADY_EXISTS with backoff, and so does this one.)
+    let agent = loop {
+        match FakeAgent::connect(server.channel.clone(), "quiet", &[], &[]).await {
+            Ok(agent) => break agent,
+            Err(status) if status.code() == Code::AlreadyExists => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    };
     for _ in 0..8 {
         agent.send(Up::Heartbeat(pb::Heartbeat::default())).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -332,7 +340,12 @@ async fn list_agents_pages_and_shutdown_ends_streams_cleanly() {
 
 #[tokio::test]
 async fn metrics_snapshots_reach_metrics_service_and_prometheus() {
-    let server = TestServer::start(common::Transport::Tcp).await;
+    for transport in TRANSPORTS {
+        metrics_round_trip(TestServer::start(transport).await).await;
+    }
+}
+
+async fn metrics_round_trip(server: TestServer) {
     let agent = FakeAgent::connect(server.channel.clone(), "m1", &[], &[])
         .await
         .unwrap();

@@ -310,3 +310,50 @@ async fn versions_keep_increasing_after_a_restart() {
     }
     assert_eq!(last, 6);
 }
+
+/// A state store that cannot be reached (its PostgreSQL database dropped
+/// under the server) answers UNAVAILABLE.
+#[tokio::test]
+async fn an_unreachable_state_store_is_unavailable() {
+    let admin = std::env::var("FERRY_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let name = format!("ferry_unavailable_{}", uuid::Uuid::now_v7().simple());
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let base = admin
+        .rsplit_once('/')
+        .map_or(admin.as_str(), |(base, _)| base);
+    let url = format!("{base}/{name}");
+    let server = TestServer::start_on(Transport::Memory, &url, test_options()).await;
+    let mut leases = server.leases();
+    leases
+        .acquire_lease(acquire("u/p", "h", 1000))
+        .await
+        .unwrap();
+
+    client
+        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .await
+        .unwrap();
+    let status = leases
+        .acquire_lease(acquire("u/p", "h", 1000))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let status = server
+        .config()
+        .get_config(pb::GetConfigRequest {
+            bridge_id: "b".into(),
+            version: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    server.stop().await;
+}
