@@ -164,6 +164,38 @@ async fn every_config_rpc_works_in_memory_and_over_tcp() {
         assert_eq!(rolled.yaml, old.yaml);
         assert!(rolled.change_note.contains("rollback to version 1"));
 
+        // A second route added, then removed again.
+        let second =
+            b"id: second\nreceiver_id: spare\ndelivery_mode: direct_hold\nbindings: [to-out]\n";
+        let added = config
+            .put_route(pb::PutRouteRequest {
+                bridge_id: "b1".into(),
+                route_yaml: second.to_vec(),
+                expected_version: None,
+                change_note: "add".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .config
+            .unwrap();
+        assert_eq!(added.version, 5);
+        assert!(added.yaml.contains("second"));
+        let removed = config
+            .delete_route(pb::DeleteRouteRequest {
+                bridge_id: "b1".into(),
+                route_id: "second".into(),
+                expected_version: Some(5),
+                change_note: "remove".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .config
+            .unwrap();
+        assert_eq!(removed.version, 6);
+        assert!(!removed.yaml.contains("second") && removed.yaml.contains("main"));
+
         config
             .delete_config(pb::DeleteConfigRequest {
                 bridge_id: "b2".into(),

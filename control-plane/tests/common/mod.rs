@@ -188,6 +188,11 @@ receivers:
     topics:
       - topic: "in/#"
         qos: 1
+  - id: spare
+    session_id: conn
+    topics:
+      - topic: "spare/#"
+        qos: 1
 senders:
   - id: out
     session_id: conn
