@@ -83,8 +83,28 @@ async fn push_nack_then_ack_of_the_fixed_version() {
         let fixed = agent.next_push().await;
         assert_eq!(fixed.version, 2);
         assert_ne!(fixed.nonce, push.nonce, "a fresh nonce per push");
-        // An answer to the old nonce is stale and ignored.
+        // An answer to the old nonce is stale and ignored. (The stream is
+        // handled in order: once the metrics snapshot sent after it is
+        // stored, the stale ACK has been processed.)
         agent.ack(&push).await;
+        agent
+            .send(Up::Metrics(pb::MetricsSnapshot {
+                captured_at: Some(std::time::SystemTime::now().into()),
+                ..Default::default()
+            }))
+            .await;
+        eventually("the sync snapshot is stored", || async {
+            server
+                .metrics()
+                .get_agent_metrics(pb::GetAgentMetricsRequest {
+                    agent_id: "agent-1".into(),
+                })
+                .await
+                .is_ok()
+        })
+        .await;
+        let status = &agent_info(&server, "agent-1").await.configs[0];
+        assert_eq!(status.acked_version, 0, "the stale ack was ignored");
         agent.ack(&fixed).await;
         eventually("the ack is recorded", || async {
             agent_info(&server, "agent-1").await.configs[0].acked_version == 2
