@@ -10,5 +10,6 @@
 mod agent_delivery;
 mod agent_failures;
 mod agent_support;
-mod control_plane_health;
+mod control_plane;
+mod ferryctl;
 mod harness_selftest;

@@ -21,7 +21,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::output::Format;
 use crate::views::{
-    AgentView, ConfigView, DlqEntryView, LeaseView, RedriveView, TotalsView, VersionView,
+    AgentView, ConfigView, DlqEntryView, LeaseView, RedriveView, RouteView, TotalsView, VersionView,
 };
 
 /// Manage Ferry bridges, agents, leases and dead letters.
@@ -105,6 +105,11 @@ enum Command {
 enum Get {
     /// Configurations (current versions).
     Configs,
+    /// The routes of one configuration (current version).
+    Routes {
+        /// The configuration's bridge id.
+        config: String,
+    },
     /// Agents and the versions they run.
     Agents,
     /// Leases and their fencing versions.
@@ -447,6 +452,18 @@ async fn get(channel: Channel, out: Format, what: Get) -> anyhow::Result<()> {
                 page_token = page.next_page_token;
             }
             output::list(out, &rows)
+        }
+        Get::Routes { config } => {
+            let stored = ConfigServiceClient::new(channel)
+                .get_config(pb::GetConfigRequest {
+                    bridge_id: config,
+                    version: 0,
+                })
+                .await?
+                .into_inner()
+                .config
+                .context("the server returned no configuration")?;
+            output::list(out, &RouteView::from_document(&stored.yaml)?)
         }
         Get::Agents => {
             let mut client = AgentServiceClient::new(channel);
