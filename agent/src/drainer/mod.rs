@@ -207,11 +207,19 @@ impl Drainer {
                     () = shutdown.cancelled() => return,
                     () = &mut lost => break,
                     () = self.wake.notified() => {}
-                    _ = connected.changed() => {}
+                    () = changed(&mut connected) => {}
                     () = tokio::time::sleep(poll.interval()) => {}
                 }
             }
             tracing::warn!(partition = %self.partition, version, "lease lost; stopped draining");
         }
+    }
+}
+
+/// Resolves when the connected state changes; never once the session is gone
+/// (the fallback poll and shutdown still end the wait).
+async fn changed(connected: &mut watch::Receiver<bool>) {
+    if connected.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
