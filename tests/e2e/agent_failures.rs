@@ -288,3 +288,49 @@ async fn bad_configurations_fail_before_connecting() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// SIGTERM while direct_hold deliveries wait for a destination that is down: the agent exits 0
+/// within the grace period, leaving them unacknowledged; broker A redelivers them to the next
+/// run, which delivers them once the destination is back. Nothing is dead-lettered.
+#[tokio::test]
+async fn shutdown_leaves_held_deliveries_to_the_source() -> anyhow::Result<()> {
+    let a = Mosquitto::start().await?;
+    let mut b = Mosquitto::start().await?;
+    let dir = tempfile::tempdir()?;
+    let mut bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["x"]);
+    bridge.shared_outbox = false;
+    let collector = Collector::start(
+        &b.url(),
+        &ids::unique("collector"),
+        &format!("{}/out/#", bridge.run),
+        QoS::AtLeastOnce,
+    )
+    .await?;
+    let mut agent = bridge.start_agent().await?;
+    b.stop().await?;
+    publish_seq(&a.url(), &bridge.input(), 0..5, QoS::AtLeastOnce).await?;
+    let started = std::time::Instant::now();
+    let status = agent.terminate(Duration::from_secs(20)).await?;
+    assert!(status.success(), "{status}\n{}", agent.tail());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "within the grace period"
+    );
+
+    b.restart().await?;
+    agent.restart()?;
+    agent.wait_ready(Duration::from_secs(20)).await?;
+    collector
+        .wait_for(&bridge.output("x"), 0..5, DELIVERY)
+        .await?;
+    wait::until_ok(DELIVERY, "5 sent by the second run", || {
+        let r = agent.metrics().and_then(|m| {
+            let c = m.binding("r", "x");
+            anyhow::ensure!((c.sent, c.dead_lettered, c.dropped) == (5, 0, 0), "{c:?}");
+            Ok(())
+        });
+        std::future::ready(r)
+    })
+    .await?;
+    Ok(())
+}
