@@ -4,6 +4,8 @@
 //!   (from `proto/ferry/v1`), plus the encoded descriptor set for reflection.
 //! - [`envelope`]: the message as Ferry carries it, with the storage
 //!   encoding the outbox, the DLQ and the API share.
+//! - [`dlq`]: dead-letter reasons, filters and counts with their `ferry.v1`
+//!   forms, and the request checks both DLQ services share.
 //! - [`config`]: the bridge configuration model (the YAML document), its
 //!   loading with `${VAR}` expansion, and the pure validator both halves run.
 //!
@@ -12,4 +14,5 @@
 
 pub mod api;
 pub mod config;
+pub mod dlq;
 pub mod envelope;
