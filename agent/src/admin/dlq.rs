@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use ferry_shared::api::v1 as pb;
 use ferry_shared::api::v1::dlq_service_server::{DlqService, DlqServiceServer};
+use ferry_shared::dlq::{DlqRequestError, check_purge_confirmed, check_written_entry};
 use tonic::{Request, Response, Status};
 
 use crate::runtime::Redrive;
@@ -44,11 +45,13 @@ fn status(e: StoreError) -> Status {
     }
 }
 
+/// A refused request field.
+fn invalid(e: DlqRequestError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
 fn filter(f: Option<pb::DlqFilter>) -> Result<DlqFilter, Status> {
-    f.map(DlqFilter::try_from)
-        .transpose()
-        .map(Option::unwrap_or_default)
-        .map_err(status)
+    DlqFilter::from_proto(f).map_err(invalid)
 }
 
 #[tonic::async_trait]
@@ -57,10 +60,11 @@ impl DlqService for LocalDlqService {
         &self,
         request: Request<pb::WriteDlqEntryRequest>,
     ) -> Result<Response<pb::WriteDlqEntryResponse>, Status> {
-        let entry = request
-            .into_inner()
-            .entry
-            .ok_or_else(|| Status::invalid_argument("entry: missing"))?;
+        let written = check_written_entry(request.into_inner().entry).map_err(invalid)?;
+        let entry = pb::DlqEntry {
+            envelope: Some(written.envelope),
+            ..written.entry
+        };
         let entry = DlqEntry::try_from(entry).map_err(status)?;
         let created = self.store.put(entry).await.map_err(status)?;
         Ok(Response::new(pb::WriteDlqEntryResponse { created }))
@@ -190,11 +194,7 @@ impl DlqService for LocalDlqService {
         request: Request<pb::PurgeDlqEntriesRequest>,
     ) -> Result<Response<pb::PurgeDlqEntriesResponse>, Status> {
         let r = request.into_inner();
-        if !r.confirm {
-            return Err(Status::invalid_argument(
-                "confirm: purge deletes entries for good; set confirm to true",
-            ));
-        }
+        check_purge_confirmed(r.confirm).map_err(invalid)?;
         let f = filter(r.filter)?;
         let purged = self.store.purge(&f).await.map_err(status)?;
         Ok(Response::new(pb::PurgeDlqEntriesResponse { purged }))
@@ -207,18 +207,7 @@ impl DlqService for LocalDlqService {
         let f = filter(request.into_inner().filter)?;
         let stats = self.store.stats(&f).await.map_err(status)?;
         Ok(Response::new(pb::GetDlqStatsResponse {
-            stats: stats
-                .rows
-                .into_iter()
-                .map(|s| pb::DlqStat {
-                    bridge_id: s.bridge_id,
-                    route_id: s.route_id,
-                    binding_id: s.binding_id,
-                    reason: s.reason.code(),
-                    count: s.count,
-                    oldest: Some(s.oldest.into()),
-                })
-                .collect(),
+            stats: stats.rows.into_iter().map(pb::DlqStat::from).collect(),
             total: stats.total,
         }))
     }

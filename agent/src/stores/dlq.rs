@@ -1,59 +1,19 @@
-//! Dead-letter types (DESIGN §4.6), their `ferry.v1` forms, filters and
-//! paging, shared by every backend.
+//! The agent's dead letter (DESIGN §4.6), its storage encoding and `ferry.v1`
+//! form, and paging, shared by every backend. The reason, the filter and the
+//! counts come from [`ferry_shared::dlq`], which the control plane uses too.
 
 use std::time::SystemTime;
 
 use ferry_shared::api::v1 as pb;
+pub use ferry_shared::dlq::{DlqFilter, DlqReason, DlqStat};
+use ferry_shared::dlq::{DlqRequestError, check_required_ids, page_size};
 use ferry_shared::envelope::Envelope;
 use prost::Message;
 
 use super::{StoreError, StoreResult, unix_nanos};
 
-/// Default and maximum page sizes (as in `ListDlqEntriesRequest`).
-const DEFAULT_PAGE_SIZE: usize = 100;
-const MAX_PAGE_SIZE: usize = 1000;
-
 /// First byte of [`DlqEntry::encode`]: the layout that follows.
 const FORMAT_V1: u8 = 1;
-
-/// Why a delivery was dead-lettered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum DlqReason {
-    /// The destination refused the message for good.
-    PermanentError,
-    /// Replayed more than `max_replay_attempts` times and longer than
-    /// `replay_budget`.
-    ReplayExhausted,
-    /// Expired before it could be delivered.
-    Expired,
-}
-
-impl DlqReason {
-    /// The stable number stored and sent for this reason.
-    pub fn code(self) -> i32 {
-        pb::DlqReason::from(self) as i32
-    }
-
-    /// The reason for a stored number.
-    pub fn from_code(code: i32) -> StoreResult<Self> {
-        match pb::DlqReason::try_from(code) {
-            Ok(pb::DlqReason::PermanentError) => Ok(DlqReason::PermanentError),
-            Ok(pb::DlqReason::ReplayExhausted) => Ok(DlqReason::ReplayExhausted),
-            Ok(pb::DlqReason::Expired) => Ok(DlqReason::Expired),
-            _ => Err(StoreError::Invalid(format!("unknown dlq reason {code}"))),
-        }
-    }
-}
-
-impl From<DlqReason> for pb::DlqReason {
-    fn from(r: DlqReason) -> Self {
-        match r {
-            DlqReason::PermanentError => pb::DlqReason::PermanentError,
-            DlqReason::ReplayExhausted => pb::DlqReason::ReplayExhausted,
-            DlqReason::Expired => pb::DlqReason::Expired,
-        }
-    }
-}
 
 /// One dead letter.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,17 +72,25 @@ impl DlqEntry {
 
     /// Checks the fields a write requires.
     pub fn validate(&self) -> StoreResult<()> {
-        for (name, value) in [
-            ("id", &self.id),
-            ("bridge_id", &self.bridge_id),
-            ("route_id", &self.route_id),
-            ("binding_id", &self.binding_id),
-        ] {
-            if value.is_empty() {
-                return Err(StoreError::Invalid(format!("dlq entry: empty {name}")));
-            }
-        }
-        Ok(())
+        check_required_ids(
+            "entry.",
+            &self.id,
+            &self.bridge_id,
+            &self.route_id,
+            &self.binding_id,
+        )
+        .map_err(invalid)
+    }
+
+    /// Whether `filter` selects this entry.
+    pub fn matches(&self, filter: &DlqFilter) -> bool {
+        filter.matches(
+            &self.bridge_id,
+            &self.route_id,
+            &self.binding_id,
+            self.reason,
+            self.dead_lettered_at,
+        )
     }
 }
 
@@ -167,12 +135,20 @@ impl TryFrom<pb::DlqEntry> for DlqEntry {
             binding_id: m.binding_id,
             address: m.address,
             envelope,
-            reason: DlqReason::from_code(m.reason)?,
+            reason: DlqReason::from_code(m.reason).ok_or_else(|| {
+                StoreError::Invalid(format!("entry.reason: unknown reason {}", m.reason))
+            })?,
             last_error: m.last_error,
             attempts: m.attempts,
-            first_attempt_at: m.first_attempt_at.map(time).transpose()?,
-            last_attempt_at: m.last_attempt_at.map(time).transpose()?,
-            dead_lettered_at: time(dead_lettered_at)?,
+            first_attempt_at: m
+                .first_attempt_at
+                .map(|t| time("entry.first_attempt_at", t))
+                .transpose()?,
+            last_attempt_at: m
+                .last_attempt_at
+                .map(|t| time("entry.last_attempt_at", t))
+                .transpose()?,
+            dead_lettered_at: time("entry.dead_lettered_at", dead_lettered_at)?,
             agent_id: m.agent_id,
         };
         entry.validate()?;
@@ -180,58 +156,13 @@ impl TryFrom<pb::DlqEntry> for DlqEntry {
     }
 }
 
-fn time(t: prost_types::Timestamp) -> StoreResult<SystemTime> {
-    SystemTime::try_from(t).map_err(|e| StoreError::Invalid(format!("timestamp: {e}")))
+fn time(field: &str, t: prost_types::Timestamp) -> StoreResult<SystemTime> {
+    ferry_shared::dlq::time(field, t).map_err(invalid)
 }
 
-/// Which entries an operation applies to; `None` matches everything.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DlqFilter {
-    /// Only this bridge.
-    pub bridge_id: Option<String>,
-    /// Only this route.
-    pub route_id: Option<String>,
-    /// Only this binding.
-    pub binding_id: Option<String>,
-    /// Only this reason.
-    pub reason: Option<DlqReason>,
-    /// Only entries dead-lettered at or after this time.
-    pub since: Option<SystemTime>,
-    /// Only entries dead-lettered before this time.
-    pub until: Option<SystemTime>,
-}
-
-impl DlqFilter {
-    /// True when `e` matches.
-    pub fn matches(&self, e: &DlqEntry) -> bool {
-        let eq = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
-        eq(&self.bridge_id, &e.bridge_id)
-            && eq(&self.route_id, &e.route_id)
-            && eq(&self.binding_id, &e.binding_id)
-            && self.reason.is_none_or(|r| r == e.reason)
-            && self.since.is_none_or(|t| e.dead_lettered_at >= t)
-            && self.until.is_none_or(|t| e.dead_lettered_at < t)
-    }
-}
-
-impl TryFrom<pb::DlqFilter> for DlqFilter {
-    type Error = StoreError;
-
-    fn try_from(f: pb::DlqFilter) -> StoreResult<Self> {
-        let opt = |s: String| (!s.is_empty()).then_some(s);
-        Ok(DlqFilter {
-            bridge_id: opt(f.bridge_id),
-            route_id: opt(f.route_id),
-            binding_id: opt(f.binding_id),
-            // Unspecified matches every reason.
-            reason: match f.reason {
-                0 => None,
-                code => Some(DlqReason::from_code(code)?),
-            },
-            since: f.since.map(time).transpose()?,
-            until: f.until.map(time).transpose()?,
-        })
-    }
+/// A refused request field as a store error.
+fn invalid(e: DlqRequestError) -> StoreError {
+    StoreError::Invalid(e.to_string())
 }
 
 /// Which page of a listing.
@@ -246,10 +177,7 @@ pub struct PageRequest {
 impl PageRequest {
     /// The page size after defaults and limits.
     pub fn effective_size(&self) -> usize {
-        match self.size {
-            0 => DEFAULT_PAGE_SIZE,
-            n => n.min(MAX_PAGE_SIZE),
-        }
+        page_size(u32::try_from(self.size).unwrap_or(u32::MAX)) as usize
     }
 
     /// The position after which this page starts: the (time, id) of the last
@@ -280,23 +208,6 @@ pub struct DlqPage {
     pub entries: Vec<DlqEntry>,
     /// Token for the next page; `None` on the last page.
     pub next_page_token: Option<String>,
-}
-
-/// Entries of one bridge, route, binding and reason.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DlqStat {
-    /// The bridge.
-    pub bridge_id: String,
-    /// The route.
-    pub route_id: String,
-    /// The binding.
-    pub binding_id: String,
-    /// The reason.
-    pub reason: DlqReason,
-    /// How many entries.
-    pub count: u64,
-    /// When the oldest was written.
-    pub oldest: SystemTime,
 }
 
 /// Counts of matching entries.

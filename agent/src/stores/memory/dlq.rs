@@ -51,7 +51,7 @@ impl MemoryDlqStore {
             .iter()
             .filter(|(k, _)| after.as_ref().is_none_or(|a| *k > a))
             .map(|(_, e)| e)
-            .filter(|e| filter.matches(e))
+            .filter(|e| e.matches(filter))
             .take(size + 1)
             .cloned()
             .collect();
@@ -91,7 +91,7 @@ impl MemoryDlqStore {
         let doomed: Vec<(i64, String)> = s
             .entries
             .iter()
-            .filter(|(_, e)| filter.matches(e))
+            .filter(|(_, e)| e.matches(filter))
             .map(|(k, _)| k.clone())
             .collect();
         for key in &doomed {
@@ -105,7 +105,7 @@ impl MemoryDlqStore {
         let s = lock(&self.state)?;
         let mut rows: BTreeMap<(String, String, String, i32), DlqStat> = BTreeMap::new();
         let mut total = 0;
-        for e in s.entries.values().filter(|e| filter.matches(e)) {
+        for e in s.entries.values().filter(|e| e.matches(filter)) {
             total += 1;
             let key = (
                 e.bridge_id.clone(),

@@ -169,7 +169,8 @@ fn stats(conn: &Connection, filter: &DlqFilter) -> StoreResult<DlqStats> {
             bridge_id,
             route_id,
             binding_id,
-            reason: DlqReason::from_code(reason).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            reason: DlqReason::from_code(reason)
+                .ok_or_else(|| StoreError::Corrupt(format!("unknown dlq reason {reason}")))?,
             count,
             oldest: from_unix_nanos(oldest)?,
         });
