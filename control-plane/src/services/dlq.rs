@@ -9,15 +9,16 @@
 use std::collections::HashMap;
 
 use ferry_shared::api::v1 as pb;
+use ferry_shared::dlq::{check_purge_confirmed, page_size};
 use pb::dlq_service_server::DlqService;
 use tonic::{Request, Response, Status};
 
 use super::Context;
-use super::dlq_convert::{entry_to_proto, entry_to_store, filter, is_empty, reason_to_proto};
+use super::dlq_convert::{entry_to_proto, entry_to_store, filter, invalid};
 use super::documents;
 use super::registry::Runner;
-use super::status::{page, require, state_status, timestamp};
-use crate::state::{DEFAULT_PAGE_SIZE, DlqEntry, MAX_PAGE_SIZE, PageRequest, StateError};
+use super::status::{page, require, state_status};
+use crate::state::{DlqEntry, MAX_PAGE_SIZE, PageRequest, StateError};
 
 /// The DlqService implementation.
 #[derive(Clone)]
@@ -106,14 +107,6 @@ enum RedriveFailure {
     Other(String),
 }
 
-fn limit(value: u32) -> usize {
-    let size = match value {
-        0 => DEFAULT_PAGE_SIZE,
-        n => n.min(MAX_PAGE_SIZE),
-    };
-    size as usize
-}
-
 #[tonic::async_trait]
 impl DlqService for DlqServiceImpl {
     async fn write_dlq_entry(
@@ -170,13 +163,13 @@ impl DlqService for DlqServiceImpl {
         request: Request<pb::RedriveDlqEntriesRequest>,
     ) -> Result<Response<pb::RedriveDlqEntriesResponse>, Status> {
         let request = request.into_inner();
-        let limit = limit(request.limit);
+        let limit = page_size(request.limit) as usize;
         let mut outcomes = Vec::new();
         let mut entries = Vec::new();
         let truncated;
         if request.ids.is_empty() {
             let filter = filter(request.filter)?;
-            if is_empty(&filter) {
+            if filter.is_empty() {
                 return Err(Status::invalid_argument(
                     "filter: an empty filter is refused for a redrive; name ids or filter by bridge, route, binding, reason or time",
                 ));
@@ -278,11 +271,7 @@ impl DlqService for DlqServiceImpl {
         request: Request<pb::PurgeDlqEntriesRequest>,
     ) -> Result<Response<pb::PurgeDlqEntriesResponse>, Status> {
         let request = request.into_inner();
-        if !request.confirm {
-            return Err(Status::invalid_argument(
-                "confirm: must be true; a purge deletes entries for good",
-            ));
-        }
+        check_purge_confirmed(request.confirm).map_err(invalid)?;
         let filter = filter(request.filter)?;
         let purged = self
             .ctx
@@ -306,17 +295,7 @@ impl DlqService for DlqServiceImpl {
             .map_err(state_status)?;
         let total = stats.iter().map(|s| s.count).sum();
         Ok(Response::new(pb::GetDlqStatsResponse {
-            stats: stats
-                .into_iter()
-                .map(|s| pb::DlqStat {
-                    bridge_id: s.bridge_id,
-                    route_id: s.route_id,
-                    binding_id: s.binding_id,
-                    reason: reason_to_proto(s.reason),
-                    count: s.count,
-                    oldest: Some(timestamp(s.oldest)),
-                })
-                .collect(),
+            stats: stats.into_iter().map(pb::DlqStat::from).collect(),
             total,
         }))
     }

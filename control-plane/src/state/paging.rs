@@ -7,10 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{StateError, StateResult};
 
-/// The page size used when a request says 0.
-pub const DEFAULT_PAGE_SIZE: u32 = 100;
-/// The largest page size; larger requests are lowered to it.
-pub const MAX_PAGE_SIZE: u32 = 1000;
+pub use ferry_shared::dlq::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
 
 /// Which page of a listing to return.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -39,11 +36,7 @@ impl PageRequest {
 
     /// The effective page size.
     pub(crate) fn limit(&self) -> usize {
-        let size = match self.size {
-            0 => DEFAULT_PAGE_SIZE,
-            n => n.min(MAX_PAGE_SIZE),
-        };
-        size as usize
+        ferry_shared::dlq::page_size(self.size) as usize
     }
 
     /// How many rows to fetch: one more than the page, to know whether

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
+pub use ferry_shared::dlq::{DlqFilter, DlqReason, DlqStat};
+
 /// Labels of an agent, or a selector's required labels, ordered by name.
 pub type Labels = BTreeMap<String, String>;
 
@@ -213,39 +215,8 @@ pub enum LeaseAcquisition {
 }
 
 // ---------------------------------------------------------------------------
-// Dead letters
-
-/// Why a delivery was dead-lettered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DlqReason {
-    /// The destination refused the message for good.
-    PermanentError,
-    /// Replayed too often for too long.
-    ReplayExhausted,
-    /// Expired before it could be delivered.
-    Expired,
-}
-
-impl DlqReason {
-    /// The stored spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::PermanentError => "permanent_error",
-            Self::ReplayExhausted => "replay_exhausted",
-            Self::Expired => "expired",
-        }
-    }
-
-    /// Parses the stored spelling.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "permanent_error" => Some(Self::PermanentError),
-            "replay_exhausted" => Some(Self::ReplayExhausted),
-            "expired" => Some(Self::Expired),
-            _ => None,
-        }
-    }
-}
+// Dead letters (the reason, filter and counts are ferry-shared's, which the
+// agent uses too)
 
 /// One dead letter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,40 +247,6 @@ pub struct DlqEntry {
     pub address: String,
     /// The message: an encoded `ferry.v1.Envelope`, stored verbatim.
     pub envelope: Vec<u8>,
-}
-
-/// Which dead letters an operation applies to; `None` matches everything.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DlqFilter {
-    /// Only this bridge.
-    pub bridge_id: Option<String>,
-    /// Only this route.
-    pub route_id: Option<String>,
-    /// Only this binding.
-    pub binding_id: Option<String>,
-    /// Only this reason.
-    pub reason: Option<DlqReason>,
-    /// Only entries dead-lettered at or after this time.
-    pub since: Option<SystemTime>,
-    /// Only entries dead-lettered before this time.
-    pub until: Option<SystemTime>,
-}
-
-/// Entries of one bridge, route, binding and reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DlqStat {
-    /// The bridge.
-    pub bridge_id: String,
-    /// The route.
-    pub route_id: String,
-    /// The binding.
-    pub binding_id: String,
-    /// The reason.
-    pub reason: DlqReason,
-    /// How many entries.
-    pub count: u64,
-    /// When the oldest of them was written.
-    pub oldest: SystemTime,
 }
 
 // ---------------------------------------------------------------------------

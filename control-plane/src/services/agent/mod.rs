@@ -102,10 +102,7 @@ impl AgentService for AgentServiceImpl {
         request: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
         let request = request.into_inner();
-        let size = match request.page_size {
-            0 => crate::state::DEFAULT_PAGE_SIZE,
-            n => n.min(crate::state::MAX_PAGE_SIZE),
-        } as usize;
+        let size = ferry_shared::dlq::page_size(request.page_size) as usize;
         let agents = self.ctx.store.list_agents().await.map_err(state_status)?;
         // The token is the last id of the previous page (agents are ordered
         // by id, so concurrent hellos neither skip nor repeat anyone).
