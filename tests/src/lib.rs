@@ -16,6 +16,8 @@
 //! - [`mqtt`]: an MQTT test client: publish numbered messages, collect them and count
 //!   duplicates and gaps.
 //! - [`ids`]: unique names for queues, tables, topics and client ids.
+//! - [`bench`]: the `ferry-bench` benchmark (Ferry beside Mosquitto's bridge); see
+//!   `docs/benchmarks.md`.
 //!
 //! Child processes never outlive the test process: each one is watched by a tiny `sh` watchdog
 //! that SIGKILLs it when the test process goes away, even if the test process is itself killed
@@ -28,6 +30,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod ids;
 pub mod mosquitto;
 pub mod moto;
