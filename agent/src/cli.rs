@@ -27,6 +27,29 @@ pub enum Command {
     /// Prints `ok` and exits 0 when it is valid; otherwise prints each problem on stderr and
     /// exits 2.
     Validate(ValidateArgs),
+    /// Run a bridge from a configuration file until SIGTERM or SIGINT. An invalid
+    /// configuration exits 2 before any connection is opened; a store that cannot be opened
+    /// exits 1.
+    Run(RunArgs),
+}
+
+/// Arguments of `ferry-agent run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The bridge configuration file (YAML).
+    #[arg(long, short = 'c')]
+    pub config: PathBuf,
+    /// Address of the admin listener: `/metrics`, `/healthz`, `/readyz` and the local gRPC
+    /// `DlqService`, e.g. `127.0.0.1:9090`. No admin listener when unset.
+    #[arg(long)]
+    pub admin_listen: Option<std::net::SocketAddr>,
+    /// This agent's id: the holder of partition leases, stable across restarts (a restarted
+    /// agent with the same id fences out its previous run at once). Default: the host name.
+    #[arg(long, env = "FERRY_AGENT_ID")]
+    pub agent_id: Option<String>,
+    /// Log filter (tracing `EnvFilter` syntax). Default: `info`, or `RUST_LOG` when set.
+    #[arg(long)]
+    pub log: Option<String>,
 }
 
 /// Arguments of `ferry-agent validate`.

@@ -7,13 +7,21 @@
 //!   versions), the lease store and the dead-letter queue, each a trait with
 //!   `memory` and `sqlite` backends and one conformance suite.
 //! - [`metrics`]: every metric, defined once; the conservation counters.
-//! - [`admin`]: the admin HTTP listener (`/metrics`, `/healthz`, `/readyz`).
+//! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, and
+//!   the local `DlqService` over gRPC).
+//! - [`runtime`]: builds a running bridge from a validated configuration and
+//!   owns its tasks; it wires [`routes`] (`direct_hold`, the `shared_outbox`
+//!   writer) and one [`drainer`] per `shared_outbox` route to the stores and
+//!   transports below.
 //! - [`transports`]: sessions, receivers and senders for the brokers and
 //!   queues Ferry moves messages between (MQTT today), behind transport-neutral
 //!   traits the routes and drainers use.
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod drainer;
 pub mod metrics;
+pub mod routes;
+pub mod runtime;
 pub mod stores;
 pub mod transports;

@@ -1,10 +1,11 @@
 //! `ferry-agent`: runs Ferry's receivers, routes, outbox writers and drainers near the brokers.
 //!
-//! For now the binary has one subcommand, `validate FILE`, which runs the shared configuration
-//! loader and validator (`ferry_shared::config`) on a file; see [`cli`].
+//! Subcommands ([`cli`]): `validate FILE` runs the shared configuration loader and validator
+//! on a file; `run --config FILE` runs the bridge standalone until SIGTERM or SIGINT ([`run`]).
 #![forbid(unsafe_code)]
 
 mod cli;
+mod run;
 
 use std::process::ExitCode;
 
@@ -14,5 +15,6 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     match &cli.command {
         cli::Command::Validate(args) => cli::validate(args),
+        cli::Command::Run(args) => run::main(args),
     }
 }

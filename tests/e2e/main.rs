@@ -7,4 +7,6 @@
 
 #![forbid(unsafe_code)]
 
+mod agent_delivery;
+mod agent_support;
 mod harness_selftest;

@@ -15,6 +15,8 @@
 //! - [`postgres`]: a fresh PostgreSQL database per test, dropped afterwards.
 //! - [`mqtt`]: an MQTT test client: publish numbered messages, collect them and count
 //!   duplicates and gaps.
+//! - [`agent`]: a `ferry-agent run` process with its configuration, admin port and parsed
+//!   `/metrics`.
 //! - [`ids`]: unique names for queues, tables, topics and client ids.
 //! - [`bench`]: the `ferry-bench` benchmark (Ferry beside Mosquitto's bridge); see
 //!   `docs/benchmarks.md`.
@@ -30,6 +32,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod bench;
 pub mod ids;
 pub mod mosquitto;
@@ -40,9 +43,10 @@ pub mod postgres;
 pub mod process;
 pub mod wait;
 
+pub use agent::Agent;
 pub use mosquitto::Mosquitto;
 pub use moto::Moto;
-pub use mqtt::{Collector, Counts, publish_seq};
+pub use mqtt::{Collector, Counts, PublishOptions, publish_seq, publish_seq_with};
 pub use ports::free_port;
 pub use postgres::TestDatabase;
 pub use process::{ChildProcess, project_bin};

@@ -66,6 +66,26 @@ pub fn host_port(url: &str) -> anyhow::Result<(String, u16)> {
 /// fresh clean session, and returns once each is acknowledged (PUBACK for QoS 1, PUBCOMP for
 /// QoS 2, written to the socket for QoS 0) and the client has disconnected.
 pub async fn publish_seq(url: &str, topic: &str, seqs: Range<u64>, qos: QoS) -> anyhow::Result<()> {
+    publish_seq_with(url, topic, seqs, qos, PublishOptions::default()).await
+}
+
+/// Extras for [`publish_seq_with`].
+#[derive(Debug, Clone, Default)]
+pub struct PublishOptions {
+    /// MQTT v5 message expiry interval, in seconds.
+    pub expiry_secs: Option<u32>,
+    /// Pads each payload (after its number) to this many bytes.
+    pub payload_size: usize,
+}
+
+/// [`publish_seq`] with a message expiry and/or padded payloads.
+pub async fn publish_seq_with(
+    url: &str,
+    topic: &str,
+    seqs: Range<u64>,
+    qos: QoS,
+    extra: PublishOptions,
+) -> anyhow::Result<()> {
     let (host, port) = host_port(url)?;
     let mut options = MqttOptions::new(ids::unique("ferry-test-pub"), host, port);
     options.set_clean_start(true);
@@ -77,8 +97,17 @@ pub async fn publish_seq(url: &str, topic: &str, seqs: Range<u64>, qos: QoS) -> 
     let run = async {
         let publisher = async {
             for seq in seqs {
+                let mut payload = seq_payload(seq);
+                if payload.len() < extra.payload_size {
+                    payload.push(b' ');
+                    payload.resize(extra.payload_size, b'x');
+                }
+                let properties = rumqttc::v5::mqttbytes::v5::PublishProperties {
+                    message_expiry_interval: extra.expiry_secs,
+                    ..Default::default()
+                };
                 client
-                    .publish(topic, qos, false, seq_payload(seq))
+                    .publish_with_properties(topic, qos, false, payload, properties)
                     .await
                     .context("queueing a publish")?;
             }

@@ -31,9 +31,10 @@
 //! 6. A counted release (a failed send) adds one to `replay_count` and sets
 //!    `first_attempt_at` if unset; an uncounted one (never tried) changes
 //!    neither. Both make the record pending.
-//! 7. `expire` removes only pending records whose `expires_at` has passed;
-//!    `complete` deletes. Nothing else removes a record, so the store does not
-//!    grow beyond what is not yet delivered.
+//! 7. `expire` claims (fenced like `claim`) only pending records whose
+//!    `expires_at` has passed, so that the caller can write their DLQ entries
+//!    before it `complete`s them; `complete` is the only deletion, so the
+//!    store does not grow beyond what is not yet delivered.
 //!
 //! # Leases
 //!
@@ -157,11 +158,16 @@ pub trait OutboxStore: Send + Sync + 'static {
         release: Release,
     ) -> BoxFuture<'a, StoreResult<Vec<u64>>>;
 
-    /// Removes and returns, oldest first, up to `limit` pending records whose
-    /// `expires_at` is at or before `now`.
+    /// Claims for `owner` under `version` and returns, oldest first, up to
+    /// `limit` pending records whose `expires_at` is at or before `now`. The
+    /// fence applies as in `claim`. The caller dead-letters (or drops) them
+    /// and then `complete`s them, so a crash in between loses no DLQ entry:
+    /// the records come back pending under the next version.
     fn expire<'a>(
         &'a self,
         partition: &'a str,
+        owner: &'a str,
+        version: u64,
         now: SystemTime,
         limit: usize,
     ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>>;

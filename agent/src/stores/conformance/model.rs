@@ -39,6 +39,8 @@ enum Op {
     },
     Expire {
         p: usize,
+        owner: u8,
+        version: Version,
         limit: usize,
     },
     Advance {
@@ -108,9 +110,10 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(p, owner, version, limit)| Op::Claim { p, owner, version, limit }),
         2 => (p.clone(), version.clone(), seqs.clone())
             .prop_map(|(p, version, picks)| Op::Complete { p, version, picks }),
-        2 => (p.clone(), version, seqs, any::<bool>())
+        2 => (p.clone(), version.clone(), seqs, any::<bool>())
             .prop_map(|(p, version, picks, failed)| Op::Release { p, version, picks, failed }),
-        1 => (p, 0usize..4).prop_map(|(p, limit)| Op::Expire { p, limit }),
+        1 => (p, 0u8..2, version, 0usize..4)
+            .prop_map(|(p, owner, version, limit)| Op::Expire { p, owner, version, limit }),
         2 => (0u64..40).prop_map(|secs| Op::Advance { secs }),
         1 => Just(Op::Reopen),
     ]
@@ -254,17 +257,36 @@ impl Model {
         Answer::Seqs(done)
     }
 
-    fn expire(&mut self, p: usize, now: SystemTime, limit: usize) -> Answer {
+    fn expire(
+        &mut self,
+        p: usize,
+        owner: &str,
+        version: u64,
+        now: SystemTime,
+        limit: usize,
+    ) -> Answer {
         let part = &mut self.partitions[p];
-        let due: Vec<u64> = part
-            .records
-            .iter()
-            .filter(|r| r.claim.is_none() && r.expires_at.is_some_and(|e| e <= now))
-            .map(|r| r.seq)
-            .take(limit)
-            .collect();
-        part.records.retain(|r| !due.contains(&r.seq));
-        Answer::Seqs(due)
+        if version < part.hwm {
+            return Answer::Error("stale");
+        }
+        if version > part.hwm {
+            part.hwm = version;
+            for r in &mut part.records {
+                r.claim = None;
+            }
+        }
+        let mut out = Vec::new();
+        for r in &mut part.records {
+            if r.claim.is_none() && r.expires_at.is_some_and(|e| e <= now) && out.len() < limit {
+                r.claim = Some(Claim {
+                    version,
+                    owner: owner.into(),
+                    claimed_at: now,
+                });
+                out.push(r.seq);
+            }
+        }
+        Answer::Seqs(out)
     }
 }
 
@@ -339,10 +361,23 @@ async fn check<S: OutboxHarness + OutboxStore>(
                     answer(store.release(PARTITIONS[*p], *version, seqs, how).await),
                 )
             }
-            Op::Expire { p, limit } => (
-                model.expire(*p, now, *limit),
-                answer(seqs_of(store.expire(PARTITIONS[*p], now, *limit).await)),
-            ),
+            Op::Expire {
+                p,
+                owner,
+                version,
+                limit,
+            } => {
+                let owner = format!("o{owner}");
+                let version = version.resolve(model.partitions[*p].hwm);
+                (
+                    model.expire(*p, &owner, version, now, *limit),
+                    answer(seqs_of(
+                        store
+                            .expire(PARTITIONS[*p], &owner, version, now, *limit)
+                            .await,
+                    )),
+                )
+            }
             Op::Advance { secs } => {
                 now += Duration::from_secs(*secs);
                 (Answer::None, Answer::None)

@@ -34,6 +34,21 @@ impl Partition {
         Ok(())
     }
 
+    /// `Stale` below the mark; above it the mark rises and every older
+    /// claim is pending again.
+    fn advance_fence(&mut self, partition: &str, version: u64) -> StoreResult<()> {
+        self.fence(partition, version)?;
+        if version > self.hwm {
+            self.hwm = version;
+            for r in self.records.values_mut() {
+                if r.claim.as_ref().is_some_and(|c| c.version < version) {
+                    r.claim = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The records among `seqs` claimed with `version`, ascending.
     fn claimed_with(&self, version: u64, seqs: &[u64]) -> Vec<u64> {
         let mut out: Vec<u64> = seqs
@@ -110,15 +125,7 @@ impl MemoryOutboxStore {
     ) -> StoreResult<Vec<OutboxRecord>> {
         let mut parts = lock(&self.partitions)?;
         let p = parts.entry(partition.to_owned()).or_default();
-        p.fence(partition, version)?;
-        if version > p.hwm {
-            p.hwm = version;
-            for r in p.records.values_mut() {
-                if r.claim.as_ref().is_some_and(|c| c.version < version) {
-                    r.claim = None;
-                }
-            }
-        }
+        p.advance_fence(partition, version)?;
         let stale_after = self.stale_claim_duration;
         let mut out = Vec::new();
         for r in p.records.values_mut() {
@@ -187,21 +194,29 @@ impl MemoryOutboxStore {
     fn expire_now(
         &self,
         partition: &str,
+        owner: &str,
+        version: u64,
         now: SystemTime,
         limit: usize,
     ) -> StoreResult<Vec<OutboxRecord>> {
         let mut parts = lock(&self.partitions)?;
-        let Some(p) = parts.get_mut(partition) else {
-            return Ok(Vec::new());
-        };
-        let due: Vec<u64> = p
-            .records
-            .values()
-            .filter(|r| r.claim.is_none() && r.expires_at.is_some_and(|t| t <= now))
-            .map(|r| r.seq)
-            .take(limit)
-            .collect();
-        Ok(due.iter().filter_map(|s| p.records.remove(s)).collect())
+        let p = parts.entry(partition.to_owned()).or_default();
+        p.advance_fence(partition, version)?;
+        let mut out = Vec::new();
+        for r in p.records.values_mut() {
+            if out.len() >= limit {
+                break;
+            }
+            if r.claim.is_none() && r.expires_at.is_some_and(|t| t <= now) {
+                r.claim = Some(Claim {
+                    version,
+                    owner: owner.to_owned(),
+                    claimed_at: now,
+                });
+                out.push(r.clone());
+            }
+        }
+        Ok(out)
     }
 
     fn stats_now(&self, partition: &str) -> StoreResult<OutboxStats> {
@@ -265,10 +280,12 @@ impl OutboxStore for MemoryOutboxStore {
     fn expire<'a>(
         &'a self,
         partition: &'a str,
+        owner: &'a str,
+        version: u64,
         now: SystemTime,
         limit: usize,
     ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
-        Box::pin(async move { self.expire_now(partition, now, limit) })
+        Box::pin(async move { self.expire_now(partition, owner, version, now, limit) })
     }
 
     fn stats<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<OutboxStats>> {

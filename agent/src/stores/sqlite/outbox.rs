@@ -234,21 +234,23 @@ struct ClaimArgs<'a> {
     stale_after: Duration,
 }
 
-fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
-    let version = to_i64(a.version)?;
-    match fence(conn, a.partition, a.version)? {
+/// Applies `version` to the partition's fence: `Stale` below the mark; above
+/// it the mark rises and every older claim is pending again (invariant 3).
+fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<()> {
+    let v = to_i64(version)?;
+    match fence(conn, partition, version)? {
         None => {
             conn.execute(
                 "INSERT INTO outbox_partitions (partition, hwm, last_seq) VALUES (?1, ?2, 0)",
-                params![a.partition, version],
+                params![partition, v],
             )
             .map_err(sql_error)?;
         }
-        Some(hwm) if a.version > hwm => {
+        Some(hwm) if version > hwm => {
             // A newer lease: every claim of an older one is void at once.
             conn.execute(
                 "UPDATE outbox_partitions SET hwm=?2 WHERE partition=?1",
-                params![a.partition, version],
+                params![partition, v],
             )
             .map_err(sql_error)?;
             conn.prepare_cached(
@@ -256,11 +258,41 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
                  claimed_at_ns=NULL WHERE partition=?1 AND state=1 AND claim_version<?2",
             )
             .map_err(sql_error)?
-            .execute(params![a.partition, version])
+            .execute(params![partition, v])
             .map_err(sql_error)?;
         }
         Some(_) => {}
     }
+    Ok(())
+}
+
+/// Marks `seqs` claimed by `owner` under `version` at `now` and loads them.
+fn mark_claimed(
+    conn: &Connection,
+    partition: &str,
+    owner: &str,
+    version: u64,
+    now: i64,
+    seqs: Vec<i64>,
+) -> StoreResult<Vec<OutboxRecord>> {
+    let version = to_i64(version)?;
+    let mut mark = conn
+        .prepare_cached(
+            "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, \
+             claimed_at_ns=?5 WHERE partition=?1 AND seq=?2",
+        )
+        .map_err(sql_error)?;
+    let mut out = Vec::with_capacity(seqs.len());
+    for seq in seqs {
+        mark.execute(params![partition, seq, version, owner, now])
+            .map_err(sql_error)?;
+        out.push(load(conn, partition, seq)?);
+    }
+    Ok(out)
+}
+
+fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
+    advance_fence(conn, a.partition, a.version)?;
     let now = unix_nanos(a.now)?;
     let stale_ns = i64::try_from(a.stale_after.as_nanos()).unwrap_or(i64::MAX);
     let limit = sql_limit(a.limit);
@@ -279,19 +311,7 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     )?);
     seqs.sort_unstable();
     seqs.truncate(a.limit);
-    let mut mark = conn
-        .prepare_cached(
-            "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, \
-             claimed_at_ns=?5 WHERE partition=?1 AND seq=?2",
-        )
-        .map_err(sql_error)?;
-    let mut out = Vec::with_capacity(seqs.len());
-    for seq in seqs {
-        mark.execute(params![a.partition, seq, version, a.owner, now])
-            .map_err(sql_error)?;
-        out.push(load(conn, a.partition, seq)?);
-    }
-    Ok(out)
+    mark_claimed(conn, a.partition, a.owner, a.version, now, seqs)
 }
 
 /// Runs `stmt` (parameters: partition, seq, version) for each distinct seq
@@ -379,36 +399,16 @@ fn release(
     }
 }
 
-fn expire(
-    conn: &Connection,
-    partition: &str,
-    now: SystemTime,
-    limit: usize,
-) -> StoreResult<Vec<OutboxRecord>> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM outbox_records WHERE partition=?1 AND state=0 \
-         AND expires_at_ns IS NOT NULL AND expires_at_ns<=?2 ORDER BY seq LIMIT ?3"
-    );
-    let mut stmt = conn.prepare_cached(&sql).map_err(sql_error)?;
-    let raws = stmt
-        .query_map(
-            params![partition, unix_nanos(now)?, sql_limit(limit)],
-            raw_record,
-        )
-        .map_err(sql_error)?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(sql_error)?;
-    let mut delete = conn
-        .prepare_cached("DELETE FROM outbox_records WHERE partition=?1 AND seq=?2")
-        .map_err(sql_error)?;
-    let mut out = Vec::with_capacity(raws.len());
-    for raw in raws {
-        delete
-            .execute(params![partition, raw.seq])
-            .map_err(sql_error)?;
-        out.push(raw.into_record()?);
-    }
-    Ok(out)
+fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
+    advance_fence(conn, a.partition, a.version)?;
+    let now = unix_nanos(a.now)?;
+    let seqs = select_seqs(
+        conn,
+        "SELECT seq FROM outbox_records WHERE partition=?1 AND state=0 \
+         AND expires_at_ns IS NOT NULL AND expires_at_ns<=?2 ORDER BY seq LIMIT ?3",
+        params![a.partition, now, sql_limit(a.limit)],
+    )?;
+    mark_claimed(conn, a.partition, a.owner, a.version, now, seqs)
 }
 
 fn stats(conn: &Connection, partition: &str) -> StoreResult<OutboxStats> {
@@ -520,11 +520,25 @@ impl OutboxStore for SqliteOutboxStore {
     fn expire<'a>(
         &'a self,
         partition: &'a str,
+        owner: &'a str,
+        version: u64,
         now: SystemTime,
         limit: usize,
     ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
-        let partition = partition.to_owned();
-        Box::pin(self.db.write(move |c| expire(c, &partition, now, limit)))
+        let (partition, owner) = (partition.to_owned(), owner.to_owned());
+        Box::pin(self.db.write(move |c| {
+            expire(
+                c,
+                ClaimArgs {
+                    partition: &partition,
+                    owner: &owner,
+                    version,
+                    limit,
+                    now,
+                    stale_after: Duration::ZERO,
+                },
+            )
+        }))
     }
 
     fn stats<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<OutboxStats>> {

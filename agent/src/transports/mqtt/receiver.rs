@@ -20,8 +20,8 @@
 //!   message is redelivered).
 //! - **Nothing blocks the event loop.** Deliveries go into a bounded channel
 //!   with `try_send`; the broker's receive window (v5 receive maximum =
-//!   `max_in_flight` = the channel's capacity) keeps it from overflowing. Should
-//!   it overflow anyway (v3.1.1 has no receive maximum), a QoS 1/2 message is
+//!   `max_in_flight`, a sixteenth of the channel's capacity) keeps it from
+//!   overflowing. Should it overflow anyway (v3.1.1 has no receive maximum), a QoS 1/2 message is
 //!   left unacknowledged as above and a QoS 0 message is dropped (at most once).
 
 use std::collections::VecDeque;
@@ -34,6 +34,9 @@ use super::properties::envelope_from;
 use super::protocol::{Client, Received};
 use super::settings::{MqttReceiverSettings, Qos};
 use crate::transports::{Delivery, Outcome, Receiver, RecvFuture, SettleHandle};
+
+/// The delivery channel holds this many receive windows.
+const CHANNEL_SLACK: usize = 16;
 
 /// Receives the deliveries of one session's subscriptions.
 #[derive(Debug)]
@@ -200,7 +203,11 @@ impl ReceiverFeed {
         session_id: String,
         client: Client,
     ) -> (Self, MqttReceiver) {
-        let (tx, rx) = mpsc::channel(usize::from(settings.max_in_flight));
+        // Room beyond the receive window: Mosquitto 2.0 was seen sending well
+        // past it under a burst, and an overflow costs a reconnect and a
+        // redelivery of everything unacknowledged.
+        let capacity = usize::from(settings.max_in_flight).saturating_mul(CHANNEL_SLACK);
+        let (tx, rx) = mpsc::channel(capacity);
         let feed = Self {
             settings,
             session_id,
@@ -257,6 +264,9 @@ impl ReceiverFeed {
             let acks = Arc::clone(&self.acks);
             let client = self.client.clone();
             SettleHandle::new(move |outcome: Outcome| {
+                if !outcome.acknowledges() {
+                    tracing::debug!(pkid, ?outcome, "delivery settled without acknowledgement");
+                }
                 let mut queue = lock(&acks);
                 queue.settle(ticket, outcome.acknowledges());
                 queue.flush(&client);
@@ -278,6 +288,7 @@ impl ReceiverFeed {
             Err(mpsc::error::TrySendError::Full(delivery)) => {
                 tracing::warn!(
                     session = %self.session_id,
+                    unacknowledged = lock(&self.acks).entries.len(),
                     id = %delivery.envelope.id,
                     ?qos,
                     "delivery channel full (the broker ignored the receive window); \

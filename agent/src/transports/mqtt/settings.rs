@@ -177,7 +177,7 @@ pub struct MqttReceiverSettings {
     pub filters: Vec<(String, Qos)>,
     /// Most unsettled deliveries at once: the route's `max_in_flight`, sent to
     /// the broker as v5 receive maximum so it stops sending when the window is
-    /// full. Also the capacity of the delivery channel.
+    /// full. The delivery channel holds sixteen such windows.
     pub max_in_flight: u16,
     /// Payloads larger than this are delivered with [`Defect::Oversized`]
     /// (must not exceed the session's `max_packet_bytes`).

@@ -1,7 +1,7 @@
 //! The admin HTTP listener: `/metrics` (Prometheus text format), `/healthz`
 //! (the process is alive and serving) and `/readyz` (every session connected
-//! and every lease resolved). Extra routes — the local `DlqService` over gRPC
-//! — are merged in by the runtime through [`router`]'s caller.
+//! and every lease resolved). The local `DlqService` ([`dlq`]) is served over
+//! gRPC on the same port: [`with_grpc`] merges it into the router.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -15,6 +15,20 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
+
+pub mod dlq;
+
+/// `router` plus the gRPC `DlqService` of `store`, on one port (HTTP/1 for
+/// the admin routes, HTTP/2 for gRPC).
+pub fn with_grpc(
+    router: Router,
+    store: std::sync::Arc<dyn crate::stores::DlqStore>,
+    redrive: std::sync::Arc<crate::runtime::Redrive>,
+) -> Router {
+    let grpc = tonic::service::Routes::new(dlq::LocalDlqService::server(store, redrive))
+        .into_axum_router();
+    router.merge(grpc)
+}
 
 /// Named readiness conditions ("session mqtt-conn connected", "lease of
 /// route sensor-ingest resolved"). The agent is ready when every registered

@@ -1,0 +1,212 @@
+//! The `direct_hold` route: receive → send → settle (DESIGN §4.2).
+//!
+//! Invariants:
+//!
+//! - **The source is settled only after the destination accepted the
+//!   message** (`Sent`), or after its DLQ entry is durable (`DeadLettered`),
+//!   or after a counted drop by policy. Until then it is held open; a crash
+//!   means the source redelivers.
+//! - A transient failure is retried in process with exponential backoff and
+//!   full jitter while `send_retry_budget` lasts; then, or at once on a
+//!   permanent error, `on_permanent_failure` applies.
+//! - A DLQ write that fails, and shutdown during a retry, leave the delivery
+//!   unsettled: the source redelivers it.
+//! - Up to `max_in_flight` deliveries are handled at once; the receiver
+//!   acknowledges them in receive order whatever order they finish in.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use ferry_shared::config::Policy;
+use ferry_shared::envelope::Envelope;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Failure, RetryBackoff, RouteBinding, RouteIdentity, delivery_dlq_id, dispose, with_ttl,
+};
+use crate::metrics::{RouteMetrics, Terminal};
+use crate::stores::{DlqReason, DlqStore};
+use crate::transports::{Address, Delivery, Outcome, Receiver, SendError, Sender};
+
+/// One `direct_hold` route.
+pub struct DirectHold {
+    /// Bridge, route, agent.
+    pub identity: RouteIdentity,
+    /// The one binding.
+    pub binding: RouteBinding,
+    /// The binding's sender.
+    pub sender: Arc<dyn Sender>,
+    /// The DLQ, when configured.
+    pub dlq: Option<Arc<dyn DlqStore>>,
+    /// The route's policy.
+    pub policy: Policy,
+    /// Settle latency.
+    pub route_metrics: RouteMetrics,
+}
+
+impl DirectHold {
+    /// Takes deliveries until `shutdown`; then lets deliveries in progress
+    /// finish within `grace` (retry waits end at once and leave theirs
+    /// unsettled).
+    pub async fn run(
+        self,
+        mut receiver: Box<dyn Receiver>,
+        shutdown: CancellationToken,
+        grace: Duration,
+    ) {
+        let this = Arc::new(self);
+        let max_in_flight = this.policy.max_in_flight as usize;
+        let mut in_flight = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+                delivery = receiver.recv(), if in_flight.len() < max_in_flight => {
+                    match delivery {
+                        Some(d) => in_flight.push(Arc::clone(&this).handle(d, shutdown.clone())),
+                        None => break,
+                    }
+                }
+            }
+        }
+        if tokio::time::timeout(grace, async { while in_flight.next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            tracing::warn!(route = %this.identity.route_id, "deliveries still running after the grace period; left to the source");
+        }
+    }
+
+    async fn handle(self: Arc<Self>, delivery: Delivery, shutdown: CancellationToken) {
+        let Delivery {
+            envelope,
+            defect,
+            settle,
+        } = delivery;
+        let envelope = with_ttl(envelope, self.policy.ttl.map(|d| d.get()));
+        let received_at = envelope.source.received_at;
+        let outcome = match defect {
+            Some(defect) => {
+                let failure = Failure {
+                    reason: DlqReason::PermanentError,
+                    error: defect.to_string(),
+                    attempts: 0,
+                    first_attempt_at: None,
+                    last_attempt_at: None,
+                };
+                self.fail(&envelope, self.policy.on_permanent_failure, failure)
+                    .await
+            }
+            None => self.deliver(&envelope, &shutdown).await,
+        };
+        settle.settle(outcome);
+        if outcome.acknowledges() {
+            self.route_metrics.settled_after(
+                SystemTime::now()
+                    .duration_since(received_at)
+                    .unwrap_or_default(),
+            );
+        }
+    }
+
+    /// Sends with retries; returns the outcome to settle with.
+    async fn deliver(&self, envelope: &Envelope, shutdown: &CancellationToken) -> Outcome {
+        let address = Address::new(self.binding.address.clone());
+        let budget = self.policy.send_retry_budget.get();
+        let b = &self.policy.retry_backoff;
+        let mut backoff =
+            RetryBackoff::new(b.initial_interval.get(), b.max_interval.get(), b.multiplier);
+        let started = Instant::now();
+        let mut first_attempt_at = None;
+        let mut attempts = 0u32;
+        loop {
+            let now = SystemTime::now();
+            if envelope.is_expired(now) {
+                let failure = Failure {
+                    reason: DlqReason::Expired,
+                    error: "expired before delivery".into(),
+                    attempts,
+                    first_attempt_at,
+                    last_attempt_at: first_attempt_at.map(|_| now),
+                };
+                return self.fail(envelope, self.policy.on_expired, failure).await;
+            }
+            first_attempt_at.get_or_insert(now);
+            attempts += 1;
+            let error = match self.sender.send(envelope, &address).await {
+                Ok(()) => {
+                    self.binding.metrics.received(1);
+                    self.binding.metrics.finished(
+                        Terminal::Sent,
+                        1,
+                        SystemTime::now()
+                            .duration_since(envelope.source.received_at)
+                            .ok(),
+                    );
+                    return Outcome::Sent;
+                }
+                Err(SendError::Permanent(error)) => {
+                    let failure = Failure {
+                        reason: DlqReason::PermanentError,
+                        error,
+                        attempts,
+                        first_attempt_at,
+                        last_attempt_at: Some(now),
+                    };
+                    return self
+                        .fail(envelope, self.policy.on_permanent_failure, failure)
+                        .await;
+                }
+                Err(error) => error,
+            };
+            let delay = backoff.next_delay();
+            if started.elapsed() + delay > budget {
+                let failure = Failure {
+                    reason: DlqReason::ReplayExhausted,
+                    error: error.to_string(),
+                    attempts,
+                    first_attempt_at,
+                    last_attempt_at: Some(now),
+                };
+                return self
+                    .fail(envelope, self.policy.on_permanent_failure, failure)
+                    .await;
+            }
+            tracing::debug!(route = %self.identity.route_id, message_id = %envelope.id, %error, ?delay, "send failed; retrying");
+            tokio::select! {
+                () = shutdown.cancelled() => return Outcome::Shutdown,
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    async fn fail(
+        &self,
+        envelope: &Envelope,
+        action: ferry_shared::config::FailureAction,
+        failure: Failure,
+    ) -> Outcome {
+        match dispose(
+            &self.identity,
+            self.dlq.as_ref(),
+            action,
+            &self.binding,
+            delivery_dlq_id(&envelope.id, &self.binding.id),
+            envelope,
+            failure,
+            envelope.source.received_at,
+            true,
+        )
+        .await
+        {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                tracing::warn!(route = %self.identity.route_id, message_id = %envelope.id, %error, "dlq write failed; left to the source");
+                Outcome::StoreFailure
+            }
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! What the agent's end-to-end tests share: a configuration builder for a bridge from broker A
+//! (topic `{run}/in`) to broker B, and waiting for the conservation law.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use ferry_tests::agent::{Agent, BindingCounts};
+use ferry_tests::{ids, wait};
+
+/// The shape of one test bridge.
+pub struct Bridge {
+    /// Unique prefix of topics and client ids.
+    pub run: String,
+    /// Broker A (source) URL.
+    pub source: String,
+    /// Broker B (destination) URL.
+    pub destination: String,
+    /// Directory of the SQLite stores.
+    pub dir: std::path::PathBuf,
+    /// Binding ids; binding `x` publishes to `{run}/out/x` on B.
+    pub bindings: Vec<String>,
+    /// `shared_outbox` (fan-out) or `direct_hold` (one binding).
+    pub shared_outbox: bool,
+    /// Lines added under the route's `policy:`.
+    pub policy: Vec<String>,
+    /// Lines added under the route's `session:` (shared_outbox).
+    pub session: Vec<String>,
+}
+
+impl Bridge {
+    pub fn new(source: &str, destination: &str, dir: &std::path::Path, bindings: &[&str]) -> Self {
+        Self {
+            run: ids::unique("e2e"),
+            source: source.to_owned(),
+            destination: destination.to_owned(),
+            dir: dir.to_owned(),
+            bindings: bindings.iter().map(|b| (*b).to_owned()).collect(),
+            shared_outbox: true,
+            policy: Vec::new(),
+            session: vec![
+                "drain_interval: 200ms".into(),
+                "drain_batch_size: 100".into(),
+                "lease_ttl: 3s".into(),
+                "step_down_grace: 2s".into(),
+            ],
+        }
+    }
+
+    /// The topic messages are published to on A.
+    pub fn input(&self) -> String {
+        format!("{}/in", self.run)
+    }
+
+    /// The topic binding `b` publishes to on B.
+    pub fn output(&self, b: &str) -> String {
+        format!("{}/out/{b}", self.run)
+    }
+
+    /// The configuration document.
+    pub fn yaml(&self) -> String {
+        let dir = self.dir.display();
+        let mut y = format!(
+            "bridge:\n  id: e2e\n\
+             sessions:\n\
+             \x20 - id: src\n    transport: mqtt\n    options:\n      session:\n        broker_url: {src}\n        client_id: {run}-in\n        keep_alive: 5\n\
+             \x20 - id: dst\n    transport: mqtt\n    options:\n      session:\n        broker_url: {dst}\n        client_id: {run}-out\n        keep_alive: 5\n\
+             stores:\n\
+             \x20 outbox:\n    type: sqlite\n    options:\n      path: {dir}/outbox.db\n\
+             \x20 lease:\n    type: sqlite\n    options:\n      path: {dir}/lease.db\n\
+             \x20 dlq:\n    type: sqlite\n    options:\n      path: {dir}/dlq.db\n\
+             receivers:\n  - id: in\n    session_id: src\n    topics:\n      - topic: {input}\n        qos: 1\n\
+             senders:\n  - id: out\n    session_id: dst\n    options:\n      sender:\n        qos: 1\n\
+             bindings:\n",
+            src = self.source,
+            dst = self.destination,
+            run = self.run,
+            input = self.input(),
+        );
+        for b in &self.bindings {
+            let _ = writeln!(
+                y,
+                "  - id: {b}\n    sender_id: out\n    address: {}",
+                self.output(b)
+            );
+        }
+        let mode = if self.shared_outbox {
+            "shared_outbox\n    dispatch_mode: fan_out"
+        } else {
+            "direct_hold"
+        };
+        let _ = writeln!(
+            y,
+            "routes:\n  - id: r\n    receiver_id: in\n    delivery_mode: {mode}\n    bindings: [{}]",
+            self.bindings.join(", ")
+        );
+        if !self.policy.is_empty() {
+            y.push_str("    policy:\n");
+            for line in &self.policy {
+                let _ = writeln!(y, "      {line}");
+            }
+        }
+        if self.shared_outbox {
+            y.push_str("    session:\n      session_id: dst\n      sender_id: out\n");
+            for line in &self.session {
+                let _ = writeln!(y, "      {line}");
+            }
+        }
+        y
+    }
+
+    /// Starts an agent on this configuration and waits until it is ready.
+    pub async fn start_agent(&self) -> anyhow::Result<Agent> {
+        let mut agent = Agent::start(&self.dir, &self.yaml())?;
+        agent.wait_ready(Duration::from_secs(20)).await?;
+        Ok(agent)
+    }
+}
+
+/// Waits until no binding has messages in flight and the counters of every binding satisfy
+/// the conservation law; returns them.
+pub async fn quiesced(
+    agent: &Agent,
+    bindings: &[String],
+    timeout: Duration,
+) -> anyhow::Result<Vec<BindingCounts>> {
+    wait::until_ok(
+        timeout,
+        "the conservation law with nothing in flight",
+        || {
+            let outcome = agent.metrics().and_then(|m| {
+                let counts: Vec<BindingCounts> =
+                    bindings.iter().map(|b| m.binding("r", b)).collect();
+                for (b, c) in bindings.iter().zip(&counts) {
+                    anyhow::ensure!(c.in_flight == 0, "{b}: {c:?}");
+                    anyhow::ensure!(c.is_conserved(), "{b}: not conserved: {c:?}");
+                }
+                Ok(counts)
+            });
+            std::future::ready(outcome)
+        },
+    )
+    .await
+}
