@@ -11,20 +11,33 @@ use super::SOURCE_FILTER;
 use crate::Mosquitto;
 
 /// Starts broker B, the destination.
-pub async fn start_destination() -> anyhow::Result<Mosquitto> {
-    Mosquitto::builder().persistence(false).start().await
+pub async fn start_destination(extra: &[String]) -> anyhow::Result<Mosquitto> {
+    builder(extra).start().await
 }
 
 /// Starts broker A, the source; with `bridge_to`, it bridges to that port of 127.0.0.1 with one
 /// connection per prefix in `prefixes`.
-pub async fn start_source(bridge_to: Option<(u16, &[&str])>) -> anyhow::Result<Mosquitto> {
-    let mut builder = Mosquitto::builder().persistence(false);
+pub async fn start_source(
+    bridge_to: Option<(u16, &[&str])>,
+    extra: &[String],
+) -> anyhow::Result<Mosquitto> {
+    let mut builder = builder(extra);
     if let Some((port, prefixes)) = bridge_to {
         for line in bridge_config(port, prefixes) {
             builder = builder.config_line(line);
         }
     }
     builder.start().await
+}
+
+/// The harness's broker without persistence, plus `extra` configuration lines (a later line
+/// overrides the harness's setting of the same option).
+fn builder(extra: &[String]) -> crate::mosquitto::MosquittoBuilder {
+    extra
+        .iter()
+        .fold(Mosquitto::builder().persistence(false), |builder, line| {
+            builder.config_line(line.clone())
+        })
 }
 
 /// The `mosquitto.conf` lines of a bridge to `127.0.0.1:{port}`: one connection per prefix,

@@ -161,22 +161,29 @@ pub fn validate(binary: &Path, config: &Path) -> anyhow::Result<()> {
 /// A running agent.
 pub struct Agent {
     process: ChildProcess,
+    admin_port: u16,
 }
 
 impl Agent {
-    /// Starts `binary run --config {config} --admin-listen 127.0.0.1:{free port}`, with its
-    /// output in `dir`.
+    /// Starts `binary run --config {config} --admin-listen 127.0.0.1:{free port} --agent-id
+    /// ferry-bench`, with its output in `dir`.
     pub fn start(binary: &Path, config: &Path, dir: &Path) -> anyhow::Result<Self> {
-        let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, crate::free_port()?));
+        let admin_port = crate::free_port()?;
+        let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, admin_port));
         let mut command = Command::new(binary);
         command
             .arg("run")
             .arg("--config")
             .arg(config)
             .arg("--admin-listen")
-            .arg(admin.to_string());
+            .arg(admin.to_string())
+            .arg("--agent-id")
+            .arg("ferry-bench");
         let process = ChildProcess::spawn_command(command, "ferry-agent", dir)?;
-        Ok(Self { process })
+        Ok(Self {
+            process,
+            admin_port,
+        })
     }
 
     /// The process id (for RSS sampling).
@@ -202,6 +209,18 @@ impl Agent {
             );
         }
         Ok(())
+    }
+
+    /// Writes the agent's `/metrics` to `path` (best effort: a diagnostic, not a figure).
+    pub fn save_metrics(&self, path: &Path) {
+        match crate::agent::http_get(self.admin_port, "/metrics") {
+            Ok((_, body)) => {
+                if let Err(error) = std::fs::write(path, body) {
+                    eprintln!("  writing {}: {error}", path.display());
+                }
+            }
+            Err(error) => eprintln!("  reading the agent's /metrics: {error:#}"),
+        }
     }
 
     /// The end of the agent's output.

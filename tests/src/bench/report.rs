@@ -99,13 +99,18 @@ pub fn runs_table(runs: &[RunResult]) -> String {
         if let Some(rss) = run.rss {
             let _ = writeln!(
                 out,
-                "{:<28} {:>6} agent RSS peak {:.1} MiB (sampled VmRSS {:.1} MiB, VmHWM {})",
+                "{:<28} {:>6} agent RSS peak {:.1} MiB (sampled VmRSS {:.1} MiB, VmHWM {}), CPU {}",
                 run.spec.contender.label(),
                 run.spec.pace_label(),
                 mib(rss.peak_bytes()),
                 mib(rss.sampled_peak_kib * 1024),
                 rss.hwm_kib
                     .map_or("-".to_owned(), |kib| format!("{:.1} MiB", mib(kib * 1024))),
+                rss.cpu.map_or("-".to_owned(), |cpu| format!(
+                    "{:.2} s user + {:.2} s sys",
+                    cpu.user.as_secs_f64(),
+                    cpu.system.as_secs_f64()
+                )),
             );
         }
         if let Some(error) = &run.error {

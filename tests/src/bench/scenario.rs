@@ -90,6 +90,11 @@ pub struct Settings {
     pub data_dir: Option<PathBuf>,
     /// Longest wait for delivery after the last publish.
     pub deliver_timeout: Duration,
+    /// Keep each Ferry run's directory (configuration, agent output, SQLite files, final
+    /// `/metrics`) instead of deleting it.
+    pub keep: bool,
+    /// Extra `mosquitto.conf` lines for every broker.
+    pub broker_config: Vec<String>,
 }
 
 /// What one destination received in a run.
@@ -180,7 +185,7 @@ async fn measure(
 ) -> anyhow::Result<()> {
     let spec = result.spec;
     let prefixes = spec.contender.destinations();
-    let destination = brokers::start_destination()
+    let destination = brokers::start_destination(&settings.broker_config)
         .await
         .context("starting broker B")?;
     for &prefix in prefixes {
@@ -193,11 +198,15 @@ async fn measure(
         Contender::Bridge { .. } => Some((destination.port(), prefixes)),
         Contender::Ferry(_) => None,
     };
-    let source = brokers::start_source(bridge)
+    let source = brokers::start_source(bridge, &settings.broker_config)
         .await
         .context("starting broker A")?;
 
     let run_dir = tempdir(settings.data_dir.as_deref())?;
+    let run_dir = KeptDir {
+        dir: Some(run_dir),
+        keep: settings.keep && matches!(spec.contender, Contender::Ferry(_)),
+    };
     let mut agent = match spec.contender {
         Contender::Bridge { .. } => None,
         Contender::Ferry(route) => {
@@ -245,6 +254,9 @@ async fn measure(
 
     publisher.disconnect().await;
     if let Some(agent) = agent.take() {
+        if settings.keep {
+            agent.save_metrics(&run_dir.path().join("metrics.txt"));
+        }
         agent.stop().await?;
     }
     Ok(())
@@ -328,6 +340,28 @@ fn tempdir(parent: Option<&Path>) -> anyhow::Result<tempfile::TempDir> {
         None => builder.tempdir(),
     }
     .context("creating the run's directory")
+}
+
+/// The run's directory, kept (and its path printed) when asked.
+struct KeptDir {
+    dir: Option<tempfile::TempDir>,
+    keep: bool,
+}
+
+impl KeptDir {
+    fn path(&self) -> &Path {
+        self.dir
+            .as_ref()
+            .map_or(Path::new("."), tempfile::TempDir::path)
+    }
+}
+
+impl Drop for KeptDir {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take().filter(|_| self.keep) {
+            eprintln!("  kept {}", dir.keep().display());
+        }
+    }
 }
 
 /// `count` per second over `span_ns` nanoseconds.

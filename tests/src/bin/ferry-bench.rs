@@ -55,6 +55,13 @@ struct Cli {
     /// The shared_outbox route's `session.drain_batch_size`.
     #[arg(long, default_value_t = FerryTuning::default().drain_batch_size)]
     drain_batch_size: u32,
+    /// An extra `mosquitto.conf` line for every broker (repeatable), e.g.
+    /// `--broker-config "max_queued_messages 1000000"`.
+    #[arg(long)]
+    broker_config: Vec<String>,
+    /// Keep each Ferry run's directory (configuration, agent output, SQLite files, /metrics).
+    #[arg(long)]
+    keep: bool,
     /// Longest wait for every message to arrive after the last publish, in seconds.
     #[arg(long, default_value_t = 120)]
     deliver_timeout: u64,
@@ -147,6 +154,8 @@ async fn main() -> ExitCode {
         },
         data_dir: cli.data_dir.clone(),
         deliver_timeout: Duration::from_secs(cli.deliver_timeout),
+        keep: cli.keep,
+        broker_config: cli.broker_config.clone(),
     };
     let clock = Clock::new();
     let mut results = Vec::new();
