@@ -1,20 +1,46 @@
-//! `ferry-control-plane`: serves Ferry's gRPC API until SIGTERM or SIGINT.
+//! `ferry-control-plane`: serves Ferry's gRPC API (and, with
+//! `--http-listen`, Prometheus `/metrics`) until SIGTERM or SIGINT.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use ferry_control_plane::server::ControlPlane;
+use ferry_control_plane::services::Options;
+use ferry_control_plane::state::open_state_store;
 use tokio::net::TcpListener;
 use tracing::info;
 
-/// Ferry's control plane: bridge configurations, leases, dead letters and
-/// metrics over gRPC.
+/// Ferry's control plane: bridge configurations, agents, leases, dead
+/// letters and metrics over gRPC.
 #[derive(Debug, Parser)]
 #[command(name = "ferry-control-plane", version)]
 struct Args {
     /// Address the gRPC server listens on.
     #[arg(long, default_value = "127.0.0.1:50051", env = "FERRY_LISTEN")]
     listen: SocketAddr,
+    /// Address of the HTTP listener serving Prometheus `/metrics` and
+    /// `/healthz`; none when unset.
+    #[arg(long, env = "FERRY_HTTP_LISTEN")]
+    http_listen: Option<SocketAddr>,
+    /// Directory of the embedded state (`state.db`) when `--state` is not
+    /// given.
+    #[arg(long, default_value = "./ferry-data", env = "FERRY_DATA_DIR")]
+    data_dir: PathBuf,
+    /// Where the state lives: `sqlite:///path/state.db` (default: `state.db`
+    /// in `--data-dir`) or `postgres://user@host/db` (several replicas may
+    /// share one PostgreSQL database).
+    #[arg(long, env = "FERRY_STATE")]
+    state: Option<String>,
+    /// How often agents and the control plane exchange heartbeats, in
+    /// milliseconds; an agent silent for three intervals is disconnected.
+    #[arg(long, default_value_t = 10_000, env = "FERRY_HEARTBEAT_INTERVAL_MS")]
+    heartbeat_interval_ms: u64,
+    /// How long a DLQ redrive waits for the agent's answer, in milliseconds.
+    #[arg(long, default_value_t = 30_000, env = "FERRY_COMMAND_TIMEOUT_MS")]
+    command_timeout_ms: u64,
 }
 
 #[tokio::main]
@@ -26,16 +52,74 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
+    if args.heartbeat_interval_ms == 0 {
+        anyhow::bail!("--heartbeat-interval-ms must be positive");
+    }
+
+    let state_url = args
+        .state
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", args.data_dir.join("state.db").display()));
+    let store = open_state_store(&state_url)
+        .await
+        .with_context(|| format!("opening the state store {}", redact(&state_url)))?;
+    info!(state = %redact(&state_url), "state store open");
 
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding the gRPC listener on {}", args.listen))?;
     let local = listener.local_addr().context("reading the bound address")?;
-    info!(listen = %local, "control plane serving gRPC");
 
-    ferry_control_plane::server::serve(listener, shutdown_signal()).await?;
+    let options = Options {
+        heartbeat_interval: Duration::from_millis(args.heartbeat_interval_ms),
+        command_timeout: Duration::from_millis(args.command_timeout_ms),
+        ..Options::default()
+    };
+    let control_plane = ControlPlane::new(store.clone(), options);
+    let shutdown = control_plane.context().shutdown.clone();
+
+    let http = match args.http_listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the HTTP listener on {addr}"))?;
+            let bound = listener.local_addr().context("reading the bound address")?;
+            info!(listen = %bound, "control plane serving /metrics");
+            let stop = shutdown.clone().cancelled_owned();
+            Some(tokio::spawn(ferry_control_plane::http::serve(
+                listener, store, stop,
+            )))
+        }
+        None => None,
+    };
+
+    info!(listen = %local, "control plane serving gRPC");
+    let served = control_plane.serve(listener, shutdown_signal()).await;
+    shutdown.cancel();
+    if let Some(http) = http {
+        match http.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "HTTP listener failed"),
+            Err(error) => tracing::warn!(%error, "HTTP listener task failed"),
+        }
+    }
+    served?;
     info!("control plane stopped");
     Ok(())
+}
+
+/// The state URL without its password, for logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

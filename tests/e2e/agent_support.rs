@@ -25,6 +25,8 @@ pub struct Bridge {
     pub policy: Vec<String>,
     /// Lines added under the route's `session:` (shared_outbox).
     pub session: Vec<String>,
+    /// Appended to a binding's topic (to make one binding's publishes larger).
+    pub address_suffix: std::collections::HashMap<String, String>,
 }
 
 impl Bridge {
@@ -43,6 +45,7 @@ impl Bridge {
                 "lease_ttl: 3s".into(),
                 "step_down_grace: 2s".into(),
             ],
+            address_suffix: std::collections::HashMap::new(),
         }
     }
 
@@ -53,7 +56,8 @@ impl Bridge {
 
     /// The topic binding `b` publishes to on B.
     pub fn output(&self, b: &str) -> String {
-        format!("{}/out/{b}", self.run)
+        let suffix = self.address_suffix.get(b).map_or("", String::as_str);
+        format!("{}/out/{b}{suffix}", self.run)
     }
 
     /// The configuration document.

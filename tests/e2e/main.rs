@@ -8,5 +8,8 @@
 #![forbid(unsafe_code)]
 
 mod agent_delivery;
+mod agent_failures;
 mod agent_support;
+mod control_plane;
+mod ferryctl;
 mod harness_selftest;

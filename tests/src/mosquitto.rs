@@ -166,13 +166,11 @@ impl Mosquitto {
         self.dir.path()
     }
 
-    /// The broker's log so far (empty if none was written).
+    /// The broker's log so far, across restarts, followed by anything it wrote to stderr
+    /// (empty if it wrote nothing).
     pub fn log(&self) -> String {
-        let log = std::fs::read(&self.log_path).unwrap_or_default();
-        let mut text = String::from_utf8_lossy(&log).into_owned();
-        if let Some(process) = &self.process {
-            text.push_str(&process.stderr());
-        }
+        let mut text = read_lossy(&self.log_path);
+        text.push_str(&read_lossy(&self.dir.path().join("mosquitto.stderr")));
         text
     }
 
@@ -216,6 +214,8 @@ impl Mosquitto {
     }
 
     async fn launch(&mut self) -> anyhow::Result<()> {
+        // The log is appended to across restarts: only this run's lines count.
+        let log_start = read_lossy(&self.log_path).len();
         let mut command = Command::new(&self.binary);
         command.arg("-c").arg(&self.config_path);
         let process = ChildProcess::spawn_in_temp_dir(command, "mosquitto", self.dir.path())?;
@@ -227,7 +227,11 @@ impl Mosquitto {
             let step = if let Ok(Some(status)) = process.try_status() {
                 // Final (bad configuration, port taken): no use waiting longer.
                 Err(anyhow::anyhow!("mosquitto exited ({status})"))
-            } else if read_lossy(&log_path).contains(" running") && accepts_connections(addr) {
+            } else if read_lossy(&log_path)
+                .get(log_start..)
+                .is_some_and(|new| new.contains(" running"))
+                && accepts_connections(addr)
+            {
                 Ok(Some(()))
             } else {
                 Ok(None)

@@ -15,7 +15,8 @@
 //!
 //! The project's binaries are found next to the test executable ([`project_bin`]): Cargo puts
 //! them in `target/<profile>/`, test executables in `target/<profile>/deps/`. They must be built
-//! before the tests run: `cargo build --workspace --bins` (`./scripts/test.sh` does it).
+//! before the tests run: `cargo build --workspace --bins --tests` (`./scripts/test.sh` does it;
+//! building the binaries together with the tests avoids compiling the dependencies twice).
 
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};

@@ -16,8 +16,10 @@
 //!    claimed and in flight, at most `drain_batch_size` per crash.
 //! 3. **Order per binding.** Records of one binding leave in `seq` order
 //!    (pipelined up to [`SEND_WINDOW`] on the connection, never reordered); a
-//!    failed send stops the later records of its binding in that cycle, which
-//!    are released untried (no replay count). Bindings proceed concurrently.
+//!    failed send stops the later records of its binding in that cycle: those
+//!    not yet started are released untried (no replay count), those already
+//!    in flight keep their own outcome (accepted ones are completed, so they
+//!    are not sent twice). Bindings proceed concurrently.
 //! 4. **No replay budget burnt on an outage.** A cycle is skipped while the
 //!    egress session is disconnected; only a send that was actually tried and
 //!    failed counts. A record goes to the DLQ after a permanent error, or once
@@ -33,6 +35,8 @@
 mod cycle;
 mod lease;
 mod poll;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -203,11 +207,19 @@ impl Drainer {
                     () = shutdown.cancelled() => return,
                     () = &mut lost => break,
                     () = self.wake.notified() => {}
-                    _ = connected.changed() => {}
+                    () = changed(&mut connected) => {}
                     () = tokio::time::sleep(poll.interval()) => {}
                 }
             }
             tracing::warn!(partition = %self.partition, version, "lease lost; stopped draining");
         }
+    }
+}
+
+/// Resolves when the connected state changes; never once the session is gone
+/// (the fallback poll and shutdown still end the wait).
+async fn changed(connected: &mut watch::Receiver<bool>) {
+    if connected.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }

@@ -210,3 +210,143 @@ impl DirectHold {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use ferry_shared::config::Duration as D;
+    use ferry_shared::envelope::{Source, TraceContext};
+    use tokio::sync::{mpsc, watch};
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::stores::memory::MemoryDlqStore;
+    use crate::stores::{DlqFilter, PageRequest};
+    use crate::transports::{RecvFuture, SendFuture, SettleHandle};
+
+    struct Channel(mpsc::Receiver<Delivery>);
+
+    impl Receiver for Channel {
+        fn recv(&mut self) -> RecvFuture<'_> {
+            Box::pin(self.0.recv())
+        }
+    }
+
+    /// Fails the first `failures` sends with a transient error, then accepts.
+    struct Flaky {
+        failures: Mutex<u32>,
+        connected: watch::Receiver<bool>,
+    }
+
+    impl Sender for Flaky {
+        fn send<'a>(&'a self, _: &'a Envelope, _: &'a Address) -> SendFuture<'a> {
+            let mut left = self.failures.lock().expect("lock");
+            let result = if *left > 0 {
+                *left -= 1;
+                Err(SendError::Transient("down".into()))
+            } else {
+                Ok(())
+            };
+            Box::pin(async move { result })
+        }
+
+        fn connected(&self) -> watch::Receiver<bool> {
+            self.connected.clone()
+        }
+    }
+
+    fn envelope() -> Envelope {
+        Envelope {
+            id: "m1".into(),
+            headers: Vec::new(),
+            payload: b"1".to_vec().into(),
+            content_type: None,
+            source: Source {
+                transport: "mqtt".into(),
+                session_id: "s".into(),
+                address: "in".into(),
+                received_at: SystemTime::now(),
+            },
+            expires_at: None,
+            trace: TraceContext::default(),
+        }
+    }
+
+    /// Runs one delivery through a route whose sender fails `failures` times; returns the
+    /// settle outcome, the binding's counts and the DLQ.
+    async fn run_one(
+        failures: u32,
+    ) -> (Outcome, crate::metrics::BindingCounts, Arc<MemoryDlqStore>) {
+        let metrics = Metrics::new();
+        let (_tx, connected) = watch::channel(true);
+        let dlq = Arc::new(MemoryDlqStore::new());
+        let mut policy = Policy::default();
+        policy.retry_backoff.initial_interval = D::from_millis(1);
+        policy.retry_backoff.max_interval = D::from_millis(5);
+        policy.send_retry_budget = D::from_millis(200);
+        let binding = RouteBinding {
+            id: "x".into(),
+            address: "out".into(),
+            metrics: metrics.binding("b", "r", "x"),
+        };
+        let route = DirectHold {
+            identity: RouteIdentity {
+                bridge_id: "b".into(),
+                route_id: "r".into(),
+                agent_id: "a".into(),
+            },
+            binding: binding.clone(),
+            sender: Arc::new(Flaky {
+                failures: Mutex::new(failures),
+                connected,
+            }),
+            dlq: Some(Arc::clone(&dlq) as Arc<dyn DlqStore>),
+            policy,
+            route_metrics: metrics.route("b", "r"),
+        };
+        let (tx, rx) = mpsc::channel(1);
+        let (settled_tx, mut settled_rx) = mpsc::unbounded_channel();
+        tx.send(Delivery {
+            envelope: envelope(),
+            defect: None,
+            settle: SettleHandle::new(move |o| {
+                settled_tx.send(o).ok();
+            }),
+        })
+        .await
+        .expect("send");
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(route.run(
+            Box::new(Channel(rx)),
+            shutdown.clone(),
+            Duration::from_secs(1),
+        ));
+        let outcome = settled_rx.recv().await.expect("settled");
+        shutdown.cancel();
+        task.await.expect("route task");
+        (outcome, binding.metrics.counts(), dlq)
+    }
+
+    #[tokio::test]
+    async fn transient_failures_are_retried_until_the_send_is_accepted() {
+        let (outcome, counts, _) = run_one(3).await;
+        assert_eq!(outcome, Outcome::Sent);
+        assert_eq!((counts.received, counts.sent, counts.in_flight), (1, 1, 0));
+    }
+
+    #[tokio::test]
+    async fn an_exhausted_retry_budget_dead_letters_then_settles() {
+        let (outcome, counts, dlq) = run_one(u32::MAX).await;
+        assert_eq!(outcome, Outcome::DeadLettered);
+        assert_eq!((counts.received, counts.dead_lettered), (1, 1));
+        let page = dlq
+            .list(&DlqFilter::default(), PageRequest::default())
+            .await
+            .expect("list");
+        assert_eq!(page.entries.len(), 1);
+        assert_eq!(page.entries[0].id, "m1/x");
+        assert_eq!(page.entries[0].reason, DlqReason::ReplayExhausted);
+        assert!(page.entries[0].attempts > 1);
+    }
+}

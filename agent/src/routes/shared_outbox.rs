@@ -107,6 +107,8 @@ impl OutboxWriter {
         let max_depth = this.policy.max_outbox_depth;
         let mut in_flight = FuturesUnordered::new();
         let mut resync = tokio::time::interval(DEPTH_RESYNC);
+        // Polled only while intake is stopped: no burst of catch-up ticks.
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopped = false;
         loop {
             let full = this.depth.get() >= max_depth;

@@ -39,6 +39,8 @@ pub(super) async fn start(valid: &ValidConfig, deps: Deps) -> Result<Bridge, Bui
 
     // Sessions, each with the receiver of the route it feeds.
     let sessions_token = CancellationToken::new();
+    // Sessions started before a later step fails must not outlive the error.
+    let stop_sessions_on_error = sessions_token.clone().drop_guard();
     let mut sessions: HashMap<String, MqttSession> = HashMap::new();
     let mut receivers: HashMap<String, MqttReceiver> = HashMap::new();
     for session in &valid.sessions {
@@ -84,6 +86,8 @@ pub(super) async fn start(valid: &ValidConfig, deps: Deps) -> Result<Bridge, Bui
 
     let routes_token = CancellationToken::new();
     let drainers_token = CancellationToken::new();
+    let stop_routes_on_error = routes_token.clone().drop_guard();
+    let stop_drainers_on_error = drainers_token.clone().drop_guard();
     let mut route_tasks = Vec::new();
     let mut drainer_tasks = Vec::new();
     let mut targets = HashMap::new();
@@ -256,6 +260,9 @@ pub(super) async fn start(valid: &ValidConfig, deps: Deps) -> Result<Bridge, Bui
         }));
     }
 
+    stop_routes_on_error.disarm();
+    stop_drainers_on_error.disarm();
+    stop_sessions_on_error.disarm();
     Ok(Bridge {
         routes: routes_token,
         drainers: drainers_token,

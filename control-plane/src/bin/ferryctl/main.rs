@@ -21,7 +21,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::output::Format;
 use crate::views::{
-    AgentView, ConfigView, DlqEntryView, LeaseView, RedriveView, TotalsView, VersionView,
+    AgentView, ConfigView, DlqEntryView, LeaseView, RedriveView, RouteView, TotalsView, VersionView,
 };
 
 /// Manage Ferry bridges, agents, leases and dead letters.
@@ -105,6 +105,11 @@ enum Command {
 enum Get {
     /// Configurations (current versions).
     Configs,
+    /// The routes of one configuration (current version).
+    Routes {
+        /// The configuration's bridge id.
+        config: String,
+    },
     /// Agents and the versions they run.
     Agents,
     /// Leases and their fencing versions.
@@ -280,24 +285,23 @@ async fn dispatch(channel: Channel, out: Format, command: Command) -> anyhow::Re
         Command::Get { what } => get(channel, out, what).await,
         Command::Describe { what } => describe(channel, out, what).await,
         Command::History { config } => {
-            let mut client = ConfigServiceClient::new(channel);
-            let mut versions = Vec::new();
-            let mut page_token = String::new();
-            loop {
-                let page = client
-                    .list_config_versions(pb::ListConfigVersionsRequest {
-                        bridge_id: config.clone(),
-                        page_size: 0,
-                        page_token,
-                    })
-                    .await?
-                    .into_inner();
-                versions.extend(page.versions.into_iter().map(VersionView::from));
-                if page.next_page_token.is_empty() {
-                    break;
+            let client = ConfigServiceClient::new(channel);
+            let versions = all_pages(|page_token| {
+                let (mut client, bridge_id) = (client.clone(), config.clone());
+                async move {
+                    let page = client
+                        .list_config_versions(pb::ListConfigVersionsRequest {
+                            bridge_id,
+                            page_size: 0,
+                            page_token,
+                        })
+                        .await?
+                        .into_inner();
+                    Ok((page.versions, page.next_page_token))
                 }
-                page_token = page.next_page_token;
-            }
+            })
+            .await?;
+            let versions: Vec<VersionView> = versions.into_iter().map(Into::into).collect();
             output::list(out, &versions)
         }
         Command::Rollback { config, to } => {
@@ -365,6 +369,26 @@ async fn dispatch(channel: Channel, out: Format, command: Command) -> anyhow::Re
     }
 }
 
+/// Follows `next_page_token` from the first page to the last and returns
+/// every item; `fetch` gets a page token and returns one page and the next
+/// token (empty after the last page).
+async fn all_pages<T, F, Fut>(mut fetch: F) -> anyhow::Result<Vec<T>>
+where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<T>, String), tonic::Status>>,
+{
+    let mut items = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let (page, next) = fetch(page_token).await?;
+        items.extend(page);
+        if next.is_empty() {
+            return Ok(items);
+        }
+        page_token = next;
+    }
+}
+
 async fn connect(endpoint: &str) -> anyhow::Result<Channel> {
     let endpoint = Endpoint::from_shared(endpoint.to_owned())
         .with_context(|| format!("invalid endpoint {endpoint:?}"))?
@@ -429,64 +453,76 @@ async fn apply(
 async fn get(channel: Channel, out: Format, what: Get) -> anyhow::Result<()> {
     match what {
         Get::Configs => {
-            let mut client = ConfigServiceClient::new(channel);
-            let mut rows = Vec::new();
-            let mut page_token = String::new();
-            loop {
-                let page = client
-                    .list_configs(pb::ListConfigsRequest {
-                        page_size: 0,
-                        page_token,
-                    })
-                    .await?
-                    .into_inner();
-                rows.extend(page.configs.into_iter().map(|c| ConfigView::new(c, false)));
-                if page.next_page_token.is_empty() {
-                    break;
+            let client = ConfigServiceClient::new(channel);
+            let configs = all_pages(|page_token| {
+                let mut client = client.clone();
+                async move {
+                    let page = client
+                        .list_configs(pb::ListConfigsRequest {
+                            page_size: 0,
+                            page_token,
+                        })
+                        .await?
+                        .into_inner();
+                    Ok((page.configs, page.next_page_token))
                 }
-                page_token = page.next_page_token;
-            }
+            })
+            .await?;
+            let rows: Vec<ConfigView> = configs
+                .into_iter()
+                .map(|c| ConfigView::new(c, false))
+                .collect();
             output::list(out, &rows)
         }
+        Get::Routes { config } => {
+            let stored = ConfigServiceClient::new(channel)
+                .get_config(pb::GetConfigRequest {
+                    bridge_id: config,
+                    version: 0,
+                })
+                .await?
+                .into_inner()
+                .config
+                .context("the server returned no configuration")?;
+            output::list(out, &RouteView::from_document(&stored.yaml)?)
+        }
         Get::Agents => {
-            let mut client = AgentServiceClient::new(channel);
-            let mut rows = Vec::new();
-            let mut page_token = String::new();
-            loop {
-                let page = client
-                    .list_agents(pb::ListAgentsRequest {
-                        page_size: 0,
-                        page_token,
-                    })
-                    .await?
-                    .into_inner();
-                rows.extend(page.agents.into_iter().map(AgentView::from));
-                if page.next_page_token.is_empty() {
-                    break;
+            let client = AgentServiceClient::new(channel);
+            let agents = all_pages(|page_token| {
+                let mut client = client.clone();
+                async move {
+                    let page = client
+                        .list_agents(pb::ListAgentsRequest {
+                            page_size: 0,
+                            page_token,
+                        })
+                        .await?
+                        .into_inner();
+                    Ok((page.agents, page.next_page_token))
                 }
-                page_token = page.next_page_token;
-            }
+            })
+            .await?;
+            let rows: Vec<AgentView> = agents.into_iter().map(Into::into).collect();
             output::list(out, &rows)
         }
         Get::Leases { prefix } => {
-            let mut client = LeaseServiceClient::new(channel);
-            let mut rows = Vec::new();
-            let mut page_token = String::new();
-            loop {
-                let page = client
-                    .list_leases(pb::ListLeasesRequest {
-                        key_prefix: prefix.clone(),
-                        page_size: 0,
-                        page_token,
-                    })
-                    .await?
-                    .into_inner();
-                rows.extend(page.leases.into_iter().map(LeaseView::from));
-                if page.next_page_token.is_empty() {
-                    break;
+            let client = LeaseServiceClient::new(channel);
+            let leases = all_pages(|page_token| {
+                let (mut client, key_prefix) = (client.clone(), prefix.clone());
+                async move {
+                    let page = client
+                        .list_leases(pb::ListLeasesRequest {
+                            key_prefix,
+                            page_size: 0,
+                            page_token,
+                        })
+                        .await?
+                        .into_inner();
+                    Ok((page.leases, page.next_page_token))
                 }
-                page_token = page.next_page_token;
-            }
+            })
+            .await?;
+            let rows: Vec<LeaseView> = leases.into_iter().map(Into::into).collect();
             output::list(out, &rows)
         }
         Get::Dlq { filter, limit } => {

@@ -8,6 +8,55 @@ use serde::Serialize;
 
 use crate::output::{Row, labels, timestamp};
 
+/// One route of a configuration document.
+#[derive(Debug, Serialize)]
+pub struct RouteView {
+    pub id: String,
+    pub receiver: String,
+    pub delivery_mode: String,
+    pub dispatch_mode: String,
+    pub bindings: Vec<String>,
+}
+
+impl RouteView {
+    /// The routes of a stored document. `${VAR:-default}` takes its default,
+    /// as when the control plane validated it.
+    pub fn from_document(yaml: &str) -> anyhow::Result<Vec<Self>> {
+        let no_variables = |_: &str| None;
+        let config = ferry_shared::config::load_str(yaml, &no_variables)
+            .map_err(|e| anyhow::anyhow!("the stored configuration does not parse: {e}"))?;
+        Ok(config
+            .routes
+            .into_iter()
+            .map(|route| RouteView {
+                id: route.id,
+                receiver: route.receiver_id,
+                delivery_mode: route.delivery_mode.as_str().to_owned(),
+                dispatch_mode: match route.dispatch_mode {
+                    ferry_shared::config::DispatchMode::Single => "single",
+                    ferry_shared::config::DispatchMode::FanOut => "fan_out",
+                }
+                .to_owned(),
+                bindings: route.bindings,
+            })
+            .collect())
+    }
+}
+
+impl Row for RouteView {
+    const HEADERS: &'static [&'static str] =
+        &["ROUTE", "RECEIVER", "DELIVERY", "DISPATCH", "BINDINGS"];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.id.clone(),
+            self.receiver.clone(),
+            self.delivery_mode.clone(),
+            self.dispatch_mode.clone(),
+            self.bindings.join(","),
+        ]
+    }
+}
+
 /// One configuration version.
 #[derive(Debug, Serialize)]
 pub struct ConfigView {

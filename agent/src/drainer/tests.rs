@@ -1,0 +1,269 @@
+//! Drain cycles against memory stores and a scripted sender.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use ferry_shared::config::{DrainPoll, FailureAction};
+use ferry_shared::envelope::{Envelope, Source, TraceContext};
+use tokio::sync::{Notify, watch};
+
+use super::Drainer;
+use crate::admin::Readiness;
+use crate::metrics::Metrics;
+use crate::routes::shared_outbox::OutboxDepth;
+use crate::routes::{RouteBinding, RouteIdentity};
+use crate::stores::memory::{MemoryDlqStore, MemoryLeaseStore, MemoryOutboxStore};
+use crate::stores::{DlqFilter, DlqReason, DlqStore, NewRecord, OutboxStore, PageRequest};
+use crate::transports::{Address, SendError, SendFuture, Sender};
+
+const P: &str = "b/r";
+
+/// Accepts every send, except that from the `fail_from`-th send on (1-based) it answers
+/// `error`. Records the payloads per address in send order.
+struct Scripted {
+    sent: Mutex<Vec<(String, String)>>,
+    fail_from: Option<(usize, SendError)>,
+    connected: watch::Receiver<bool>,
+}
+
+impl Sender for Scripted {
+    fn send<'a>(&'a self, envelope: &'a Envelope, address: &'a Address) -> SendFuture<'a> {
+        let mut sent = self.sent.lock().expect("lock");
+        sent.push((
+            address.to_string(),
+            String::from_utf8_lossy(&envelope.payload).into_owned(),
+        ));
+        let n = sent.len();
+        let result = match &self.fail_from {
+            Some((from, error)) if n >= *from => Err(error.clone()),
+            _ => Ok(()),
+        };
+        Box::pin(async move { result })
+    }
+
+    fn connected(&self) -> watch::Receiver<bool> {
+        self.connected.clone()
+    }
+}
+
+fn envelope(payload: &str, expires_at: Option<SystemTime>) -> Envelope {
+    Envelope {
+        id: uuid::Uuid::now_v7().to_string(),
+        headers: Vec::new(),
+        payload: payload.as_bytes().to_vec().into(),
+        content_type: None,
+        source: Source {
+            transport: "mqtt".into(),
+            session_id: "s".into(),
+            address: "in".into(),
+            received_at: SystemTime::now(),
+        },
+        expires_at,
+        trace: TraceContext::default(),
+    }
+}
+
+struct Fixture {
+    drainer: Drainer,
+    outbox: Arc<MemoryOutboxStore>,
+    dlq: Arc<MemoryDlqStore>,
+    sender: Arc<Scripted>,
+    _connected: watch::Sender<bool>,
+}
+
+fn fixture(
+    fail_from: Option<(usize, SendError)>,
+    connected: bool,
+    replay: (u32, Duration),
+) -> Fixture {
+    let metrics = Metrics::new();
+    let (tx, rx) = watch::channel(connected);
+    let sender = Arc::new(Scripted {
+        sent: Mutex::default(),
+        fail_from,
+        connected: rx.clone(),
+    });
+    let outbox = Arc::new(MemoryOutboxStore::new(Duration::from_secs(300)));
+    let dlq = Arc::new(MemoryDlqStore::new());
+    let bindings: HashMap<String, RouteBinding> = ["x", "y"]
+        .iter()
+        .map(|b| {
+            (
+                (*b).to_owned(),
+                RouteBinding {
+                    id: (*b).to_owned(),
+                    address: format!("out/{b}"),
+                    metrics: metrics.binding("b", "r", b),
+                },
+            )
+        })
+        .collect();
+    let drainer = Drainer {
+        identity: RouteIdentity {
+            bridge_id: "b".into(),
+            route_id: "r".into(),
+            agent_id: "a".into(),
+        },
+        partition: P.into(),
+        holder: "a".into(),
+        owner: "a/1".into(),
+        bindings,
+        outbox: Arc::clone(&outbox) as Arc<dyn OutboxStore>,
+        leases: Arc::new(MemoryLeaseStore::new()),
+        dlq: Some(Arc::clone(&dlq) as Arc<dyn DlqStore>),
+        sender: Arc::clone(&sender) as Arc<dyn Sender>,
+        connected: rx,
+        wake: Arc::new(Notify::new()),
+        depth: Arc::new(OutboxDepth::default()),
+        batch: 100,
+        poll: DrainPoll::Fixed(ferry_shared::config::Duration::from_millis(100)),
+        lease_ttl: Duration::from_secs(15),
+        renew_interval: Duration::from_secs(5),
+        grace: Duration::from_secs(1),
+        on_expired: FailureAction::Dlq,
+        on_permanent_failure: FailureAction::Dlq,
+        max_replay_attempts: replay.0,
+        replay_budget: replay.1,
+        route_metrics: metrics.route("b", "r"),
+        lease_resolved: Readiness::default().condition("lease"),
+    };
+    Fixture {
+        drainer,
+        outbox,
+        dlq,
+        sender,
+        _connected: tx,
+    }
+}
+
+async fn append(f: &Fixture, binding: &str, payloads: std::ops::Range<u32>) {
+    let records = payloads
+        .map(|i| {
+            NewRecord::new(
+                binding,
+                format!("out/{binding}"),
+                envelope(&i.to_string(), None),
+                SystemTime::now(),
+            )
+        })
+        .collect();
+    f.outbox.append(P, records).await.expect("append");
+}
+
+async fn cycle(f: &Fixture) {
+    f.drainer.cycle(1, &mut None).await.expect("cycle");
+}
+
+#[tokio::test]
+async fn bindings_keep_record_order_and_completed_records_are_gone() {
+    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    append(&f, "x", 0..3).await;
+    append(&f, "y", 0..2).await;
+    append(&f, "x", 3..5).await;
+    cycle(&f).await;
+    let sent = f.sender.sent.lock().expect("lock").clone();
+    let of = |a: &str| -> Vec<String> {
+        sent.iter()
+            .filter(|(addr, _)| addr == a)
+            .map(|(_, p)| p.clone())
+            .collect()
+    };
+    assert_eq!(of("out/x"), ["0", "1", "2", "3", "4"]);
+    assert_eq!(of("out/y"), ["0", "1"]);
+    assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
+}
+
+#[tokio::test]
+async fn a_failure_counts_the_tried_records_and_releases_the_rest_untried() {
+    let f = fixture(
+        Some((2, SendError::Transient("connection lost".into()))),
+        true,
+        (5, Duration::from_secs(900)),
+    );
+    append(&f, "x", 0..40).await;
+    cycle(&f).await;
+    let left = f.outbox.dump(P).expect("dump");
+    assert_eq!(
+        left.len(),
+        39,
+        "the first record was accepted and completed"
+    );
+    assert!(left.iter().all(|r| r.claim.is_none()), "all released");
+    let counted = left.iter().filter(|r| r.replay_count == 1).count();
+    // Records 2..=33 were in flight (window of 32 refilled once); 34..=40 never started.
+    assert_eq!(counted, super::SEND_WINDOW);
+    assert!(left[..counted].iter().all(|r| r.replay_count == 1));
+    assert!(
+        left[counted..]
+            .iter()
+            .all(|r| r.replay_count == 0 && r.last_error.is_none())
+    );
+}
+
+#[tokio::test]
+async fn a_permanent_error_dead_letters_the_record_under_its_id() {
+    let f = fixture(
+        Some((1, SendError::Permanent("too large".into()))),
+        true,
+        (5, Duration::from_secs(900)),
+    );
+    append(&f, "x", 0..1).await;
+    let id = f.outbox.dump(P).expect("dump")[0].id.clone();
+    cycle(&f).await;
+    let entry = f.dlq.get(&id).await.expect("dlq entry");
+    assert_eq!(entry.reason, DlqReason::PermanentError);
+    assert!(entry.last_error.contains("too large"));
+    assert!(f.outbox.dump(P).expect("dump").is_empty());
+}
+
+#[tokio::test]
+async fn replays_beyond_count_and_budget_are_dead_lettered_without_a_send() {
+    let f = fixture(
+        Some((1, SendError::Transient("down".into()))),
+        true,
+        (0, Duration::ZERO),
+    );
+    append(&f, "x", 0..1).await;
+    cycle(&f).await;
+    assert_eq!(f.outbox.dump(P).expect("dump")[0].replay_count, 1);
+    cycle(&f).await;
+    assert_eq!(
+        f.sender.sent.lock().expect("lock").len(),
+        1,
+        "no second send"
+    );
+    let page = f
+        .dlq
+        .list(&DlqFilter::default(), PageRequest::default())
+        .await
+        .expect("list");
+    assert_eq!(page.entries[0].reason, DlqReason::ReplayExhausted);
+    assert!(f.outbox.dump(P).expect("dump").is_empty());
+}
+
+#[tokio::test]
+async fn expiry_runs_while_disconnected_and_nothing_is_sent() {
+    let f = fixture(None, false, (5, Duration::from_secs(900)));
+    let past = SystemTime::now() - Duration::from_secs(1);
+    let records = vec![
+        NewRecord::new("x", "out/x", envelope("old", Some(past)), SystemTime::now()),
+        NewRecord::new("y", "out/y", envelope("new", None), SystemTime::now()),
+    ];
+    f.outbox.append(P, records).await.expect("append");
+    cycle(&f).await;
+    assert!(f.sender.sent.lock().expect("lock").is_empty());
+    let page = f
+        .dlq
+        .list(&DlqFilter::default(), PageRequest::default())
+        .await
+        .expect("list");
+    assert_eq!(page.entries.len(), 1);
+    assert_eq!(page.entries[0].reason, DlqReason::Expired);
+    let left = f.outbox.dump(P).expect("dump");
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].binding, "y");
+    assert!(left[0].claim.is_none(), "the live record stays pending");
+    let x = &f.drainer.bindings["x"].metrics.counts();
+    assert_eq!(x.expired, 1);
+}

@@ -1,0 +1,200 @@
+//! The control plane's HTTP listener: `GET /metrics` in Prometheus text
+//! format (the fleet's delivery counters summed over agents, per bridge,
+//! route and binding; outbox depth; agents connected) and `GET /healthz`.
+//!
+//! The figures are rebuilt from the state store on every scrape, so every
+//! replica reports the same fleet.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use ferry_shared::api::v1 as pb;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+use crate::services::metrics::{agents_connected, fleet_totals, snapshots};
+use crate::state::StateStore;
+
+/// Metric names and help texts, defined once. Counters get `_total` when
+/// encoded.
+mod names {
+    pub const COUNTERS: [(&str, &str); 7] = [
+        (
+            "ferry_fleet_received",
+            "Messages received, summed over agents.",
+        ),
+        (
+            "ferry_fleet_sent",
+            "Messages accepted by the destination, summed over agents.",
+        ),
+        (
+            "ferry_fleet_dropped",
+            "Messages dropped by policy, summed over agents.",
+        ),
+        (
+            "ferry_fleet_filtered",
+            "Messages discarded by a filter, summed over agents.",
+        ),
+        (
+            "ferry_fleet_expired",
+            "Messages expired before delivery, summed over agents.",
+        ),
+        (
+            "ferry_fleet_dead_lettered",
+            "Messages written to the DLQ, summed over agents.",
+        ),
+        (
+            "ferry_fleet_in_flight",
+            "Messages received and not yet settled, summed over agents.",
+        ),
+    ];
+    pub const OUTBOX_DEPTH: (&str, &str) = (
+        "ferry_fleet_outbox_depth",
+        "Outbox records pending or claimed, summed over agents.",
+    );
+    pub const AGENTS: (&str, &str) = ("ferry_agents", "Agents that sent a metrics snapshot.");
+    pub const AGENTS_CONNECTED: (&str, &str) =
+        ("ferry_agents_connected", "Agents whose stream is open.");
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BindingLabels {
+    bridge: String,
+    route: String,
+    binding: String,
+}
+
+/// Serves HTTP on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    store: Arc<dyn StateStore>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(store);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn metrics(State(store): State<Arc<dyn StateStore>>) -> Response {
+    match render(store.as_ref()).await {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response(),
+    }
+}
+
+/// The Prometheus text of the fleet's current figures.
+pub async fn render(store: &dyn StateStore) -> anyhow::Result<String> {
+    let snapshots = snapshots(store, "")
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+    let connected = agents_connected(store)
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+    Ok(encode_totals(&fleet_totals(&snapshots, connected))?)
+}
+
+fn encode_totals(totals: &pb::GetTotalsResponse) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::default();
+    let counters: Vec<Family<BindingLabels, Counter>> = names::COUNTERS
+        .iter()
+        .map(|(name, help)| {
+            let family = Family::<BindingLabels, Counter>::default();
+            registry.register(*name, *help, family.clone());
+            family
+        })
+        .collect();
+    let depth = Family::<BindingLabels, Gauge>::default();
+    registry.register(names::OUTBOX_DEPTH.0, names::OUTBOX_DEPTH.1, depth.clone());
+    let agents = Gauge::<i64>::default();
+    registry.register(names::AGENTS.0, names::AGENTS.1, agents.clone());
+    let connected = Gauge::<i64>::default();
+    registry.register(
+        names::AGENTS_CONNECTED.0,
+        names::AGENTS_CONNECTED.1,
+        connected.clone(),
+    );
+
+    for binding in &totals.bindings {
+        let labels = BindingLabels {
+            bridge: binding.bridge_id.clone(),
+            route: binding.route_id.clone(),
+            binding: binding.binding_id.clone(),
+        };
+        let c = binding.counters.unwrap_or_default();
+        let values = [
+            c.received,
+            c.sent,
+            c.dropped,
+            c.filtered,
+            c.expired,
+            c.dead_lettered,
+            c.in_flight,
+        ];
+        for (family, value) in counters.iter().zip(values) {
+            family.get_or_create(&labels).inc_by(value);
+        }
+        depth
+            .get_or_create(&labels)
+            .set(i64::try_from(binding.outbox_depth).unwrap_or(i64::MAX));
+    }
+    agents.set(i64::from(totals.agents));
+    connected.set(i64::from(totals.agents_connected));
+
+    let mut text = String::new();
+    encode(&mut text, &registry)?;
+    Ok(text)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_counters_per_binding() {
+        let totals = pb::GetTotalsResponse {
+            bindings: vec![pb::BindingTotals {
+                bridge_id: "b".into(),
+                route_id: "r".into(),
+                binding_id: "x".into(),
+                counters: Some(pb::DeliveryCounters {
+                    received: 5,
+                    sent: 4,
+                    in_flight: 1,
+                    ..Default::default()
+                }),
+                outbox_depth: 1,
+            }],
+            fleet: None,
+            agents: 2,
+            agents_connected: 1,
+        };
+        let text = encode_totals(&totals).unwrap();
+        assert!(
+            text.contains(r#"ferry_fleet_received_total{bridge="b",route="r",binding="x"} 5"#),
+            "{text}"
+        );
+        assert!(text.contains("ferry_agents_connected 1"), "{text}");
+    }
+}

@@ -1,0 +1,90 @@
+//! The gRPC services, one file per service, over one shared [`Context`]:
+//! the state store, the channel that tells agent streams a configuration
+//! changed, the registry of connected agents (through which DLQ redrives
+//! reach them) and the shutdown token every stream watches.
+//!
+//! - [`config`]: ConfigService (documents validated in [`documents`]);
+//! - [`agent`]: AgentService: `Connect` streams ([`agent::session`]) and the
+//!   agent listing;
+//! - [`lease`], [`dlq`], [`metrics`]: the other services;
+//! - [`status`]: the one mapping of errors to gRPC statuses and the shared
+//!   request checks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::state::StateStore;
+
+pub mod agent;
+pub mod config;
+pub mod dlq;
+pub mod dlq_convert;
+pub mod documents;
+pub mod lease;
+pub mod metrics;
+pub mod registry;
+pub mod status;
+
+pub use registry::Registry;
+
+/// Timings of the agent streams and redrives.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// How often both sides send heartbeats; an agent silent for three
+    /// intervals is disconnected.
+    pub heartbeat_interval: Duration,
+    /// How often a stream re-reads the configurations even without a local
+    /// change (picks up changes made through another replica).
+    pub resync_interval: Duration,
+    /// How long a stream may take to send its Hello.
+    pub hello_timeout: Duration,
+    /// How long a redrive waits for the agent's CommandResult.
+    pub command_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_secs(10),
+            resync_interval: Duration::from_secs(15),
+            hello_timeout: Duration::from_secs(10),
+            command_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What every service shares.
+#[derive(Clone)]
+pub struct Context {
+    /// The durable state.
+    pub store: Arc<dyn StateStore>,
+    /// Bumped after every configuration change; agent streams re-reconcile.
+    pub changes: watch::Sender<u64>,
+    /// The agents connected to this replica.
+    pub agents: Arc<Registry>,
+    /// Timings.
+    pub options: Options,
+    /// Cancelled on shutdown: agent streams end cleanly.
+    pub shutdown: CancellationToken,
+}
+
+impl Context {
+    /// A context over `store`.
+    pub fn new(store: Arc<dyn StateStore>, options: Options, shutdown: CancellationToken) -> Self {
+        Self {
+            store,
+            changes: watch::Sender::new(0),
+            agents: Arc::new(Registry::default()),
+            options,
+            shutdown,
+        }
+    }
+
+    /// Tells every agent stream that configurations changed.
+    pub fn notify_config_change(&self) {
+        self.changes.send_modify(|generation| *generation += 1);
+    }
+}
