@@ -18,6 +18,8 @@
 //! - [`agent`]: a `ferry-agent run` process with its configuration, admin port and parsed
 //!   `/metrics`.
 //! - [`ids`]: unique names for queues, tables, topics and client ids.
+//! - [`bench`]: the `ferry-bench` benchmark (Ferry beside Mosquitto's bridge); see
+//!   `docs/benchmarks.md`.
 //!
 //! Child processes never outlive the test process: each one is watched by a tiny `sh` watchdog
 //! that SIGKILLs it when the test process goes away, even if the test process is itself killed
@@ -31,6 +33,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod bench;
 pub mod ids;
 pub mod mosquitto;
 pub mod moto;

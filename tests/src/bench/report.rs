@@ -1,0 +1,278 @@
+//! The report: a table of every run, then the floors of issue 3 as ratios against the
+//! Mosquitto bridge measured in the same invocation.
+//!
+//! Floors: `shared_outbox` fan-out x3 ≥ 0.5× the bridge's throughput per destination (aim ≥ 1×);
+//! `direct_hold` ≥ 0.6× a one-connection bridge; at a fixed 1 000 msg/s, `shared_outbox` x3
+//! p50 ≤ 3 ms and p99 ≤ 15 ms; agent RSS ≤ 64 MB (MiB here). A floor whose runs are missing or
+//! incomplete is `n/a`, never `PASS`.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::ferry::FerryRoute;
+use super::publisher::Pace;
+use super::scenario::{Contender, RunResult};
+
+/// Throughput ratio floor of `shared_outbox` x3 against the bridge x3, per destination.
+pub const FAN_OUT_FLOOR: f64 = 0.5;
+/// What `shared_outbox` x3 aims for.
+pub const FAN_OUT_AIM: f64 = 1.0;
+/// Throughput ratio floor of `direct_hold` against the one-connection bridge.
+pub const DIRECT_FLOOR: f64 = 0.6;
+/// Latency ceilings at the fixed rate.
+pub const P50_CEILING: Duration = Duration::from_millis(3);
+pub const P99_CEILING: Duration = Duration::from_millis(15);
+/// Agent memory ceiling.
+pub const RSS_CEILING_BYTES: u64 = 64 * 1024 * 1024;
+
+/// A floor's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Fail,
+    /// Not measured (runs missing or incomplete).
+    NotAvailable,
+}
+
+impl Verdict {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Pass => "PASS",
+            Self::Fail => "FAIL",
+            Self::NotAvailable => "n/a",
+        }
+    }
+}
+
+/// One floor: what is compared, the measured value, the limit, the verdict.
+#[derive(Debug, Clone)]
+pub struct Floor {
+    pub name: &'static str,
+    pub measured: String,
+    pub limit: String,
+    pub verdict: Verdict,
+    /// False for an aim, which is reported but is not a floor.
+    pub binding: bool,
+}
+
+/// The table of runs, one line per run and destination.
+pub fn runs_table(runs: &[RunResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<28} {:>6} {:<10} {:>13} {:>5} {:>10} {:>8} {:>8} {:>8} {:>9}",
+        "run",
+        "pace",
+        "dest",
+        "delivered",
+        "dup",
+        "msg/s",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "pub msg/s"
+    );
+    for run in runs {
+        let pub_rate = run
+            .publish_rate()
+            .map_or("-".to_owned(), |r| format!("{r:.0}"));
+        for d in &run.destinations {
+            let latency = |pick: fn(&super::latency::LatencySummary) -> Duration| {
+                d.latency
+                    .map_or("-".to_owned(), |l| format!("{:.2}", ms(pick(&l))))
+            };
+            let _ = writeln!(
+                out,
+                "{:<28} {:>6} {:<10} {:>13} {:>5} {:>10} {:>8} {:>8} {:>8} {:>9}",
+                run.spec.contender.label(),
+                run.spec.pace_label(),
+                d.name,
+                format!("{}/{}", d.tally.distinct, d.tally.expected()),
+                d.tally.duplicates,
+                d.throughput.map_or("-".to_owned(), |t| format!("{t:.0}")),
+                latency(|l| l.p50),
+                latency(|l| l.p99),
+                latency(|l| l.max),
+                pub_rate,
+            );
+        }
+        if let Some(rss) = run.rss {
+            let _ = writeln!(
+                out,
+                "{:<28} {:>6} agent RSS peak {:.1} MiB (sampled VmRSS {:.1} MiB, VmHWM {}), CPU {}",
+                run.spec.contender.label(),
+                run.spec.pace_label(),
+                mib(rss.peak_bytes()),
+                mib(rss.sampled_peak_kib * 1024),
+                rss.hwm_kib
+                    .map_or("-".to_owned(), |kib| format!("{:.1} MiB", mib(kib * 1024))),
+                rss.cpu.map_or("-".to_owned(), |cpu| format!(
+                    "{:.2} s user + {:.2} s sys",
+                    cpu.user.as_secs_f64(),
+                    cpu.system.as_secs_f64()
+                )),
+            );
+        }
+        if let Some(error) = &run.error {
+            let first_line = error.lines().next().unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "{:<28} {:>6} INCOMPLETE: {first_line}",
+                run.spec.contender.label(),
+                run.spec.pace_label()
+            );
+        }
+    }
+    out
+}
+
+/// Evaluates every floor over the runs of one invocation.
+pub fn floors(runs: &[RunResult]) -> Vec<Floor> {
+    let find = |contender: Contender, flat_out: bool| {
+        runs.iter()
+            .find(|r| r.spec.contender == contender && (r.spec.pace == Pace::FlatOut) == flat_out)
+    };
+    let mut floors = Vec::new();
+
+    let bridge3 = find(Contender::Bridge { connections: 3 }, true);
+    let fan_out = find(Contender::Ferry(FerryRoute::SharedOutbox), true);
+    let ratio = worst_ratio(fan_out, bridge3);
+    floors.push(ratio_floor(
+        "shared_outbox x3 / bridge x3 throughput (worst destination)",
+        ratio,
+        FAN_OUT_FLOOR,
+    ));
+    floors.push(Floor {
+        binding: false,
+        ..ratio_floor("  (aim, not a floor)", ratio, FAN_OUT_AIM)
+    });
+
+    let bridge1 = find(Contender::Bridge { connections: 1 }, true);
+    let direct = find(Contender::Ferry(FerryRoute::DirectHold), true);
+    floors.push(ratio_floor(
+        "direct_hold / bridge x1 throughput",
+        worst_ratio(direct, bridge1),
+        DIRECT_FLOOR,
+    ));
+
+    let paced = find(Contender::Ferry(FerryRoute::SharedOutbox), false);
+    let worst_latency = |pick: fn(&super::latency::LatencySummary) -> Duration| {
+        let run = paced.filter(|r| r.complete())?;
+        run.destinations
+            .iter()
+            .map(|d| d.latency.map(|l| pick(&l)))
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .max()
+    };
+    let rate = paced.map_or(String::new(), |r| r.spec.pace_label());
+    for (name, pick, ceiling) in [
+        (
+            "shared_outbox x3 p50 at fixed rate (worst destination)",
+            (|l| l.p50) as fn(&super::latency::LatencySummary) -> Duration,
+            P50_CEILING,
+        ),
+        (
+            "shared_outbox x3 p99 at fixed rate (worst destination)",
+            |l| l.p99,
+            P99_CEILING,
+        ),
+    ] {
+        let measured = worst_latency(pick);
+        floors.push(Floor {
+            name,
+            measured: measured.map_or("-".to_owned(), |d| format!("{:.2} ms @ {rate}", ms(d))),
+            limit: format!("<= {} ms", ceiling.as_millis()),
+            verdict: match measured {
+                None => Verdict::NotAvailable,
+                Some(d) if d <= ceiling => Verdict::Pass,
+                Some(_) => Verdict::Fail,
+            },
+            binding: true,
+        });
+    }
+
+    let peak = runs
+        .iter()
+        .filter_map(|r| r.rss.map(|rss| rss.peak_bytes()))
+        .max();
+    floors.push(Floor {
+        name: "agent RSS peak (all Ferry runs)",
+        measured: peak.map_or("-".to_owned(), |b| format!("{:.1} MiB", mib(b))),
+        limit: "<= 64 MiB".to_owned(),
+        verdict: match peak {
+            None => Verdict::NotAvailable,
+            Some(b) if b <= RSS_CEILING_BYTES => Verdict::Pass,
+            Some(_) => Verdict::Fail,
+        },
+        binding: true,
+    });
+    floors
+}
+
+/// The floors as a table.
+pub fn floors_table(floors: &[Floor]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<58} {:>22} {:>10}  result",
+        "floor", "measured", "limit"
+    );
+    for floor in floors {
+        let _ = writeln!(
+            out,
+            "{:<58} {:>22} {:>10}  {}",
+            floor.name,
+            floor.measured,
+            floor.limit,
+            match (floor.binding, floor.verdict) {
+                (false, Verdict::Pass) => "met",
+                (false, Verdict::Fail) => "not met",
+                (_, verdict) => verdict.label(),
+            }
+        );
+    }
+    out
+}
+
+/// The smallest per-destination throughput ratio of `ferry` over `bridge`, with the
+/// destination it was measured on; `None` unless both runs are complete.
+fn worst_ratio(
+    ferry: Option<&RunResult>,
+    bridge: Option<&RunResult>,
+) -> Option<(f64, &'static str)> {
+    let ferry = ferry.filter(|r| r.complete())?;
+    let bridge = bridge.filter(|r| r.complete())?;
+    ferry
+        .destinations
+        .iter()
+        .map(|d| {
+            let base = bridge.destination(d.name)?.throughput?;
+            Some((d.throughput? / base, d.name))
+        })
+        .collect::<Option<Vec<_>>>()?
+        .into_iter()
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+}
+
+fn ratio_floor(name: &'static str, ratio: Option<(f64, &'static str)>, floor: f64) -> Floor {
+    Floor {
+        name,
+        measured: ratio.map_or("-".to_owned(), |(r, dest)| format!("{r:.2}x ({dest})")),
+        limit: format!(">= {floor}x"),
+        verdict: match ratio {
+            None => Verdict::NotAvailable,
+            Some((r, _)) if r >= floor => Verdict::Pass,
+            Some(_) => Verdict::Fail,
+        },
+        binding: true,
+    }
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}

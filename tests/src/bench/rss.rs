@@ -1,0 +1,156 @@
+//! Resident memory of a process, from `/proc/PID/status`.
+//!
+//! An [`RssSampler`] reads `VmRSS` every [`SAMPLE_INTERVAL`] while a run lasts and keeps the
+//! largest value; [`RssSampler::finish`] adds the kernel's own peak, `VmHWM`, read while the
+//! process still runs. `VmHWM` covers the whole life of the process, so it also catches a peak
+//! between two samples.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+/// How often `VmRSS` is sampled.
+const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Peak memory of a process, in kibibytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rss {
+    /// The largest `VmRSS` sampled.
+    pub sampled_peak_kib: u64,
+    /// `VmHWM` at the end of the run (peak resident set over the process's life).
+    pub hwm_kib: Option<u64>,
+    /// CPU time the process used over its life, from `/proc/PID/stat`.
+    pub cpu: Option<CpuTime>,
+}
+
+impl Rss {
+    /// The larger of the two peaks, in bytes.
+    pub fn peak_bytes(&self) -> u64 {
+        self.sampled_peak_kib.max(self.hwm_kib.unwrap_or(0)) * 1024
+    }
+}
+
+/// Samples the resident set of one process in the background.
+pub struct RssSampler {
+    pid: u32,
+    peak_kib: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl RssSampler {
+    /// Starts sampling `pid`; sampling stops by itself when the process is gone.
+    pub fn start(pid: u32) -> Self {
+        let peak_kib = Arc::new(AtomicU64::new(0));
+        let peak = Arc::clone(&peak_kib);
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(SAMPLE_INTERVAL);
+            loop {
+                ticks.tick().await;
+                match status_kib(pid, "VmRSS") {
+                    Some(kib) => {
+                        peak.fetch_max(kib, Ordering::Relaxed);
+                    }
+                    None => return,
+                }
+            }
+        });
+        Self {
+            pid,
+            peak_kib,
+            task,
+        }
+    }
+
+    /// Stops sampling and returns the peaks; call it while the process still runs.
+    pub fn finish(self) -> Rss {
+        if let Some(kib) = status_kib(self.pid, "VmRSS") {
+            self.peak_kib.fetch_max(kib, Ordering::Relaxed);
+        }
+        let hwm_kib = status_kib(self.pid, "VmHWM");
+        let cpu = cpu_time(self.pid);
+        self.task.abort();
+        Rss {
+            sampled_peak_kib: self.peak_kib.load(Ordering::Relaxed),
+            hwm_kib,
+            cpu,
+        }
+    }
+}
+
+impl Drop for RssSampler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The value of `field` (a `kB` line such as `VmRSS`) in `/proc/{pid}/status`.
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status_kib(&status, field)
+}
+
+/// Clock ticks per second of `/proc/PID/stat` times (`getconf CLK_TCK`; 100 on Linux).
+const CLOCK_TICKS_PER_SECOND: u64 = 100;
+
+/// CPU time of a process, split as the kernel accounts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTime {
+    /// In user space.
+    pub user: Duration,
+    /// In the kernel on the process's behalf (system calls: socket I/O, `fsync`).
+    pub system: Duration,
+}
+
+/// The CPU time `pid` has used so far.
+pub fn cpu_time(pid: u32) -> Option<CpuTime> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (user, system) = parse_stat_ticks(&stat)?;
+    let time = |ticks: u64| Duration::from_millis(ticks * 1000 / CLOCK_TICKS_PER_SECOND);
+    Some(CpuTime {
+        user: time(user),
+        system: time(system),
+    })
+}
+
+/// `utime` and `stime` (fields 14 and 15) of a `/proc/PID/stat` line; the command name
+/// (field 2) is in parentheses and may contain spaces, so fields are counted after its `)`.
+fn parse_stat_ticks(stat: &str) -> Option<(u64, u64)> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime = fields.next()?.parse().ok()?;
+    let stime = fields.next()?.parse().ok()?;
+    Some((utime, stime))
+}
+
+fn parse_status_kib(status: &str, field: &str) -> Option<u64> {
+    status.lines().find_map(|line| {
+        let value = line.strip_prefix(field)?.strip_prefix(':')?;
+        value.trim().strip_suffix("kB")?.trim().parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_fields_parse() {
+        let status = "Name:\tferry-agent\nVmHWM:\t   23456 kB\nVmRSS:\t   12345 kB\n";
+        assert_eq!(parse_status_kib(status, "VmRSS"), Some(12345));
+        assert_eq!(parse_status_kib(status, "VmHWM"), Some(23456));
+        assert_eq!(parse_status_kib(status, "VmSwap"), None);
+    }
+
+    #[test]
+    fn stat_times_parse_after_the_command_name() {
+        let stat = "42 (ferry agent) S 1 42 42 0 -1 4194560 100 0 0 0 250 30 0 0 20 0 4";
+        assert_eq!(parse_stat_ticks(stat), Some((250, 30)));
+    }
+
+    #[test]
+    fn this_process_has_a_resident_set() {
+        assert!(status_kib(std::process::id(), "VmRSS").is_some_and(|kib| kib > 0));
+    }
+}
