@@ -215,6 +215,15 @@ impl Metrics {
             .map_or(0.0, |(_, v)| *v)
     }
 
+    /// The value of `name` whose labels include `session="…"` (0 when absent).
+    pub fn session(&self, name: &str, session: &str) -> f64 {
+        let want = format!("session=\"{session}\"");
+        self.samples
+            .iter()
+            .find(|((n, l), _)| n == name && l.contains(&want))
+            .map_or(0.0, |(_, v)| *v)
+    }
+
     /// The conservation counters of one binding.
     pub fn binding(&self, route: &str, binding: &str) -> BindingCounts {
         let c = |name: &str| self.get(name, route, binding) as u64;

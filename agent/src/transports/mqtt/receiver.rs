@@ -20,9 +20,20 @@
 //!   message is redelivered).
 //! - **Nothing blocks the event loop.** Deliveries go into a bounded channel
 //!   with `try_send`; the broker's receive window (v5 receive maximum =
-//!   `max_in_flight`, a sixteenth of the channel's capacity) keeps it from
-//!   overflowing. Should it overflow anyway (v3.1.1 has no receive maximum), a QoS 1/2 message is
-//!   left unacknowledged as above and a QoS 0 message is dropped (at most once).
+//!   `max_in_flight`, a sixteenth of the channel's capacity) should keep it
+//!   from filling. It does not always: v3.1.1 has no receive maximum, and
+//!   Mosquitto 2.0.11 sends every queued message for the client as soon as
+//!   one PUBACK arrives, far past the window. A delivery that finds the channel
+//!   full therefore waits in an overflow queue behind it (receive order is
+//!   kept: while the overflow is not empty, every delivery goes there, and
+//!   [`MqttReceiver::recv`] takes from the overflow only when the channel is
+//!   empty). Leaving it unacknowledged instead would block acknowledging on
+//!   the connection and force a reconnect, on which the broker resends
+//!   everything unacknowledged — a burst that overflows again: a reconnect
+//!   storm with thousands of duplicates. Only past [`OVERFLOW_LIMIT`] (more
+//!   than a broker can have unacknowledged, packet ids being 16-bit) is a
+//!   QoS 1/2 message left unacknowledged as above and a QoS 0 message dropped
+//!   (at most once).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -38,23 +49,51 @@ use crate::transports::{Delivery, Outcome, Receiver, RecvFuture, SettleHandle};
 /// The delivery channel holds this many receive windows.
 const CHANNEL_SLACK: usize = 16;
 
+/// Most deliveries waiting behind a full delivery channel. A broker cannot
+/// have more QoS 1/2 messages unacknowledged on one connection than there are
+/// packet ids.
+pub(crate) const OVERFLOW_LIMIT: usize = u16::MAX as usize;
+
+/// Deliveries that arrived while the channel was full, in receive order; all
+/// of them were received after everything in the channel.
+type Overflow = Arc<Mutex<VecDeque<Delivery>>>;
+
+fn lock_overflow(overflow: &Mutex<VecDeque<Delivery>>) -> MutexGuard<'_, VecDeque<Delivery>> {
+    overflow
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Receives the deliveries of one session's subscriptions.
 #[derive(Debug)]
 pub struct MqttReceiver {
     deliveries: mpsc::Receiver<Delivery>,
+    overflow: Overflow,
 }
 
 impl MqttReceiver {
     /// The next delivery in receive order; `None` once the session stopped.
     /// Cancel-safe.
     pub async fn recv(&mut self) -> Option<Delivery> {
+        {
+            // Under the overflow's lock the feed cannot add to the channel
+            // while the overflow is not empty: the channel's deliveries come
+            // first, then the overflow's.
+            let mut overflow = lock_overflow(&self.overflow);
+            if !overflow.is_empty() {
+                return match self.deliveries.try_recv() {
+                    Ok(delivery) => Some(delivery),
+                    Err(_) => overflow.pop_front(),
+                };
+            }
+        }
         self.deliveries.recv().await
     }
 }
 
 impl Receiver for MqttReceiver {
     fn recv(&mut self) -> RecvFuture<'_> {
-        Box::pin(self.deliveries.recv())
+        Box::pin(MqttReceiver::recv(self))
     }
 }
 
@@ -195,6 +234,9 @@ pub(crate) struct ReceiverFeed {
     client: Client,
     acks: Arc<Mutex<AckQueue>>,
     tx: mpsc::Sender<Delivery>,
+    overflow: Overflow,
+    /// The overflow was used on the current connection (logged once each).
+    overflowed: bool,
 }
 
 impl ReceiverFeed {
@@ -203,19 +245,27 @@ impl ReceiverFeed {
         session_id: String,
         client: Client,
     ) -> (Self, MqttReceiver) {
-        // Room beyond the receive window: Mosquitto 2.0 was seen sending well
-        // past it under a burst, and an overflow costs a reconnect and a
-        // redelivery of everything unacknowledged.
+        // Room beyond the receive window: Mosquitto 2.0.11 sends well past it
+        // under a burst; what does not fit waits in the overflow.
         let capacity = usize::from(settings.max_in_flight).saturating_mul(CHANNEL_SLACK);
         let (tx, rx) = mpsc::channel(capacity);
+        let overflow = Overflow::default();
         let feed = Self {
             settings,
             session_id,
             client,
             acks: Arc::new(Mutex::new(AckQueue::default())),
             tx,
+            overflow: Arc::clone(&overflow),
+            overflowed: false,
         };
-        (feed, MqttReceiver { deliveries: rx })
+        (
+            feed,
+            MqttReceiver {
+                deliveries: rx,
+                overflow,
+            },
+        )
     }
 
     /// A CONNACK: a new generation; subscribes when the broker has no session
@@ -223,6 +273,7 @@ impl ReceiverFeed {
     /// queued.
     pub fn on_connected(&mut self, session_present: bool) -> bool {
         lock(&self.acks).new_connection();
+        self.overflowed = false;
         if session_present {
             return false;
         }
@@ -283,23 +334,53 @@ impl ReceiverFeed {
             defect,
             settle,
         };
-        match self.tx.try_send(delivery) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(delivery)) => {
-                tracing::warn!(
-                    session = %self.session_id,
-                    unacknowledged = lock(&self.acks).entries.len(),
-                    id = %delivery.envelope.id,
-                    ?qos,
-                    "delivery channel full (the broker ignored the receive window); \
-                     leaving the message unacknowledged"
-                );
-                delivery.settle.settle(Outcome::BackPressure);
-            }
-            Err(mpsc::error::TrySendError::Closed(delivery)) => {
-                delivery.settle.settle(Outcome::Shutdown);
-            }
+        self.deliver(delivery, qos);
+    }
+
+    /// Into the channel, or behind it into the overflow when the channel is
+    /// full or the overflow not empty (receive order).
+    fn deliver(&mut self, delivery: Delivery, qos: Qos) {
+        if self.tx.is_closed() {
+            delivery.settle.settle(Outcome::Shutdown);
+            return;
         }
+        let mut overflow = lock_overflow(&self.overflow);
+        let delivery = if overflow.is_empty() {
+            match self.tx.try_send(delivery) {
+                Ok(()) => return,
+                Err(mpsc::error::TrySendError::Full(delivery)) => delivery,
+                Err(mpsc::error::TrySendError::Closed(delivery)) => {
+                    drop(overflow);
+                    delivery.settle.settle(Outcome::Shutdown);
+                    return;
+                }
+            }
+        } else {
+            delivery
+        };
+        if overflow.len() < OVERFLOW_LIMIT {
+            if !self.overflowed {
+                self.overflowed = true;
+                tracing::info!(
+                    session = %self.session_id,
+                    max_in_flight = self.settings.max_in_flight,
+                    unacknowledged = lock(&self.acks).entries.len(),
+                    "the broker sent past the receive window; deliveries wait behind the full delivery channel"
+                );
+            }
+            overflow.push_back(delivery);
+            return;
+        }
+        drop(overflow);
+        tracing::warn!(
+            session = %self.session_id,
+            unacknowledged = lock(&self.acks).entries.len(),
+            id = %delivery.envelope.id,
+            ?qos,
+            "delivery channel and overflow full (the broker ignored the receive window); \
+             leaving the message unacknowledged"
+        );
+        delivery.settle.settle(Outcome::BackPressure);
     }
 
     /// Hands released acks to rumqttc (called after each event: its queue may
@@ -355,6 +436,50 @@ mod tests {
         assert!(q.ready().is_empty());
         q.settle(new, true);
         assert_eq!(q.ready(), [1]);
+    }
+
+    fn received(pkid: u16) -> Received {
+        Received {
+            topic: prost::bytes::Bytes::from_static(b"t"),
+            qos: Qos::AtLeastOnce,
+            pkid,
+            payload: prost::bytes::Bytes::from(pkid.to_string()),
+            properties: None,
+        }
+    }
+
+    /// Mosquitto 2.0.11 sends past the receive window: what does not fit the
+    /// channel waits behind it, in receive order, and every delivery can be
+    /// acknowledged (no reconnect).
+    #[tokio::test]
+    async fn a_burst_past_the_channel_waits_in_order_and_is_acknowledged() {
+        let options = rumqttc::v5::MqttOptions::new("test", "127.0.0.1", 1883);
+        let (client, _eventloop) = rumqttc::v5::AsyncClient::new(options, 1024);
+        let mut settings = MqttReceiverSettings::new(vec![("t".into(), Qos::AtLeastOnce)]);
+        settings.max_in_flight = 2; // a channel of 32
+        let (mut feed, mut receiver) = ReceiverFeed::new(settings, "s".into(), Client::V5(client));
+        feed.on_connected(true);
+        for pkid in 1..=40 {
+            feed.on_publish(received(pkid));
+        }
+        let mut got = Vec::new();
+        for pkid in 41..=50 {
+            // Interleaved: the channel has room again, the overflow is not empty.
+            let d = receiver.recv().await.expect("a delivery");
+            got.push(String::from_utf8_lossy(&d.envelope.payload).into_owned());
+            d.settle.settle(Outcome::Sent);
+            feed.on_publish(received(pkid));
+        }
+        while got.len() < 50 {
+            let d = receiver.recv().await.expect("a delivery");
+            got.push(String::from_utf8_lossy(&d.envelope.payload).into_owned());
+            d.settle.settle(Outcome::Sent);
+        }
+        let want: Vec<String> = (1..=50).map(|p: u16| p.to_string()).collect();
+        assert_eq!(got, want);
+        let mut acks = lock(&feed.acks);
+        assert!(acks.entries.is_empty(), "every delivery acknowledged");
+        assert!(!acks.blocked && !acks.take_reconnect_request());
     }
 
     #[test]
