@@ -21,6 +21,15 @@ pub(super) struct Report {
     pub claimed: usize,
 }
 
+/// A batch claimed ahead, with the previous batch's completion still to be
+/// written (every record of that batch was accepted or disposed).
+#[derive(Debug)]
+pub(crate) struct Ahead {
+    records: Vec<OutboxRecord>,
+    done: Vec<u64>,
+    accepted: Vec<OutboxRecord>,
+}
+
 /// How one record's turn ended.
 enum Turn {
     Accepted,
@@ -29,35 +38,100 @@ enum Turn {
 }
 
 impl Drainer {
+    /// `ahead` carries a batch claimed while the previous one was being
+    /// sent (see [`Drainer::drain`]); the drain loop keeps it between cycles.
     pub(super) async fn cycle(
         &self,
         version: u64,
         last_stats: &mut Option<Instant>,
+        ahead: &mut Option<Ahead>,
     ) -> StoreResult<Report> {
         let now = SystemTime::now();
-        let expired = self
-            .outbox
-            .expire(&self.partition, &self.owner, version, now, self.batch)
-            .await?;
-        if !expired.is_empty() {
-            self.finish_expired(version, expired).await?;
-        }
-        let mut report = Report::default();
-        if *self.connected.borrow() {
-            let records = self
+        let expiry = async {
+            let expired = self
                 .outbox
-                .claim(&self.partition, &self.owner, version, self.batch, now)
+                .expire(&self.partition, &self.owner, version, now, self.batch)
                 .await?;
-            report.claimed = records.len();
-            if !records.is_empty() {
-                self.deliver(version, records).await?;
+            if !expired.is_empty() {
+                self.finish_expired(version, expired).await?;
             }
-        }
+            Ok(())
+        };
+        let (expiry, drained) = tokio::join!(expiry, self.drain(version, now, ahead));
+        let report = Report { claimed: drained? };
+        expiry?;
         if last_stats.is_none_or(|t| t.elapsed() >= STATS_EVERY) {
             *last_stats = Some(Instant::now());
             self.update_stats().await;
         }
         Ok(report)
+    }
+
+    /// Claims a batch (or takes the one claimed ahead) and delivers it;
+    /// returns how many records it held. While a full batch is sent, the
+    /// previous batch's completion and the next batch's claim are written
+    /// (queued together, they share a commit), so the writer's commits
+    /// overlap the sends instead of following them. The next batch is only
+    /// sent if every record of this one was accepted or disposed; otherwise
+    /// it is released untried, so the next claim starts again at the lowest
+    /// pending `seq` of every binding (order, invariant 3).
+    async fn drain(
+        &self,
+        version: u64,
+        now: SystemTime,
+        ahead: &mut Option<Ahead>,
+    ) -> StoreResult<usize> {
+        if !*self.connected.borrow() {
+            // Nothing is sent while disconnected: write the completion and
+            // give the batch claimed ahead back.
+            if let Some(a) = ahead.take() {
+                self.flush(version, a).await?;
+            }
+            return Ok(0);
+        }
+        let (records, previous) = match ahead.take() {
+            Some(a) => (a.records, Some((a.done, a.accepted))),
+            None => {
+                let r = self
+                    .outbox
+                    .claim(&self.partition, &self.owner, version, self.batch, now)
+                    .await?;
+                (r, None)
+            }
+        };
+        let claimed = records.len();
+        if claimed == 0 {
+            return Ok(0);
+        }
+        *ahead = self
+            .deliver(version, records, previous, claimed >= self.batch)
+            .await?;
+        Ok(claimed)
+    }
+
+    /// Writes a batch claimed ahead's pending completion and releases the
+    /// batch untried.
+    pub(super) async fn flush(&self, version: u64, a: Ahead) -> StoreResult<()> {
+        let settled = self
+            .settle(version, &a.done, &a.accepted, Vec::new(), &[])
+            .await;
+        let released = self.release_untried(version, &a.records).await;
+        settled.and(released)
+    }
+
+    pub(super) async fn release_untried(
+        &self,
+        version: u64,
+        records: &[OutboxRecord],
+    ) -> StoreResult<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let seqs: Vec<u64> = records.iter().map(|r| r.seq).collect();
+        self.outbox
+            .release(&self.partition, version, &seqs, Release::Untried)
+            .await
+            .map(|_| ())
     }
 
     async fn finish_expired(&self, version: u64, records: Vec<OutboxRecord>) -> StoreResult<()> {
@@ -98,7 +172,17 @@ impl Drainer {
         self.settle(version, &done, &[], Vec::new(), &retry).await
     }
 
-    async fn deliver(&self, version: u64, records: Vec<OutboxRecord>) -> StoreResult<()> {
+    /// Sends one batch while writing `previous`'s completion and, with
+    /// `claim_next`, claiming the next batch. Settles the batch, or, when
+    /// every record was accepted or disposed and a next batch was claimed,
+    /// returns that batch with this one's completion still to be written.
+    async fn deliver(
+        &self,
+        version: u64,
+        records: Vec<OutboxRecord>,
+        previous: Option<(Vec<u64>, Vec<OutboxRecord>)>,
+        claim_next: bool,
+    ) -> StoreResult<Option<Ahead>> {
         let now = SystemTime::now();
         // Group by binding, keeping seq order inside each group.
         let mut groups: BTreeMap<String, Vec<OutboxRecord>> = BTreeMap::new();
@@ -122,8 +206,36 @@ impl Drainer {
                 groups.entry(r.binding.clone()).or_default().push(r);
             }
         }
-        let turns =
-            futures::future::join_all(groups.into_values().map(|g| self.send_in_order(g))).await;
+        let sends = futures::future::join_all(groups.into_values().map(|g| self.send_in_order(g)));
+        // The completion is queued for the writer before the claim.
+        let writes = async {
+            let settle = async {
+                match &previous {
+                    Some((done, accepted)) => {
+                        self.settle(version, done, accepted, Vec::new(), &[]).await
+                    }
+                    None => Ok(()),
+                }
+            };
+            let claim = async {
+                if claim_next {
+                    self.outbox
+                        .claim(
+                            &self.partition,
+                            &self.owner,
+                            version,
+                            self.batch,
+                            SystemTime::now(),
+                        )
+                        .await
+                        .map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            tokio::join!(settle, claim)
+        };
+        let (turns, (previous_settled, next)) = tokio::join!(sends, writes);
         let attempted_at = SystemTime::now();
         let mut accepted = Vec::new();
         let mut failed: BTreeMap<String, Vec<u64>> = BTreeMap::new();
@@ -185,9 +297,37 @@ impl Drainer {
                 }
             }
         }
+        let clean = failed.is_empty() && untried.is_empty();
         let failed: Vec<(String, Vec<u64>)> = failed.into_iter().collect();
-        self.settle(version, &done, &accepted, failed, &untried)
-            .await
+        let outcome = match (previous_settled, next) {
+            (Ok(()), Ok(Some(next))) if clean && !next.is_empty() => {
+                return Ok(Some(Ahead {
+                    records: next,
+                    done,
+                    accepted,
+                }));
+            }
+            (Ok(()), Ok(next)) => {
+                // Not clean (or nothing ahead): the batch ahead goes back.
+                match next {
+                    Some(next) => self.release_untried(version, &next).await,
+                    None => Ok(()),
+                }
+            }
+            (Ok(()), Err(error)) => Err(error),
+            (Err(error), next) => {
+                if let Ok(Some(next)) = next
+                    && let Err(e) = self.release_untried(version, &next).await
+                {
+                    tracing::warn!(partition = %self.partition, error = %e, "releasing the batch claimed ahead failed; it is taken back when stale");
+                }
+                Err(error)
+            }
+        };
+        let settled = self
+            .settle(version, &done, &accepted, failed, &untried)
+            .await;
+        settled.and(outcome).map(|()| None)
     }
 
     /// Sends one binding's records in order, pipelined up to the window; a

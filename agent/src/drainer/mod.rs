@@ -13,7 +13,9 @@
 //! 2. **A record is completed only after its destination accepted it, or
 //!    after its DLQ entry is durable.** A crash between the send and the
 //!    completion re-sends the record: the duplicate window is the records
-//!    claimed and in flight, at most `drain_batch_size` per crash.
+//!    accepted but not yet completed plus those in flight — at most
+//!    2 × `drain_batch_size` per crash, because a full batch's completion is
+//!    written while the next batch is sent (see invariant 6).
 //! 3. **Order per binding.** Records of one binding leave in `seq` order
 //!    (pipelined up to [`SEND_WINDOW`] on the connection, never reordered); a
 //!    failed send stops the later records of its binding in that cycle: those
@@ -28,6 +30,17 @@
 //! 5. **Expiry is fenced too.** Each cycle (also while disconnected) claims
 //!    expired pending records (`OutboxStore::expire`), applies `on_expired`,
 //!    and only then completes them.
+//! 6. **The drain is pipelined, never reordered.** While a full batch is
+//!    sent, the previous batch's completion and the next batch's claim are
+//!    written (the completion queued first, so the two share the writer's
+//!    commit, and both overlap the sends). A batch claimed ahead
+//!    is sent only after every record of the previous batch was accepted or
+//!    disposed; if any record of it failed or was released, the batch
+//!    claimed ahead is released untried, so the next claim starts again at
+//!    the lowest pending `seq` of every binding. On lease loss the batch
+//!    ahead and the pending completion are dropped with the cycle (the new
+//!    holder's version takes them back); at shutdown the completion is
+//!    written and the batch ahead released.
 //!
 //! Work arrives through a [`Notify`] the writer signals after each append;
 //! otherwise the fallback poll is `drain_interval` or adaptive backoff.
@@ -157,6 +170,8 @@ impl Drainer {
             };
             tracing::info!(partition = %self.partition, version, "draining");
             let mut last_stats = None;
+            // A batch claimed ahead under this version (see `cycle`).
+            let mut ahead = None;
             loop {
                 let mut lost = lease.clone();
                 let lost = async move {
@@ -164,23 +179,32 @@ impl Drainer {
                     let _ = lost.wait_for(|v| *v != Some(version)).await;
                 };
                 tokio::pin!(lost);
-                let cycle = self.cycle(version, &mut last_stats);
-                tokio::pin!(cycle);
+                let mut cycle = Box::pin(self.cycle(version, &mut last_stats, &mut ahead));
                 let report = tokio::select! {
                     biased;
                     () = &mut lost => break,
                     report = &mut cycle => report,
                     () = shutdown.cancelled() => {
-                        if tokio::time::timeout(self.grace, &mut cycle).await.is_err() {
+                        let finished = tokio::time::timeout(self.grace, &mut cycle).await.is_ok();
+                        drop(cycle);
+                        if !finished {
                             tracing::warn!(partition = %self.partition, "a drain cycle did not finish within the grace period; its claims are taken back on restart");
+                        } else if let Some(a) = ahead.take() {
+                            // Write the pending completion; give the batch
+                            // claimed ahead back unsent.
+                            let flush = self.flush(version, a);
+                            if let Ok(Err(error)) = tokio::time::timeout(self.grace, flush).await {
+                                tracing::warn!(partition = %self.partition, %error, "releasing the batch claimed ahead failed; it is taken back on restart");
+                            }
                         }
                         return;
                     }
                 };
+                drop(cycle);
                 let more = match report {
                     Ok(r) if r.claimed > 0 => {
                         poll.reset();
-                        r.claimed >= self.batch
+                        r.claimed >= self.batch || ahead.is_some()
                     }
                     Ok(_) => {
                         poll.empty();
