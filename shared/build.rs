@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto_root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../proto");
+    // Read at run time: a compile-time `env!` would bake one checkout's path
+    // into a build script that cargo may reuse for another checkout.
+    let proto_root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../proto");
     let files = [
         "ferry/v1/common.proto",
         "ferry/v1/config.proto",
