@@ -62,6 +62,31 @@ impl ConfigServiceImpl {
         Ok(applied)
     }
 
+    /// Changes the current document of `bridge_id` with `edit` and stores the
+    /// result as a new version (validated as a whole, compare-and-swap on the
+    /// version it was read at, the selector kept).
+    async fn edit(
+        &self,
+        bridge_id: &str,
+        expected_version: Option<u64>,
+        change_note: String,
+        edit: impl FnOnce(&str) -> Result<String, Status>,
+    ) -> Result<pb::BridgeConfig, Status> {
+        let current = self.current(bridge_id).await?;
+        check_expected(&current, expected_version)?;
+        let yaml = edit(&current.yaml)?;
+        let applied = self
+            .store(
+                Some(bridge_id),
+                yaml,
+                current.selector,
+                Some(current.version),
+                change_note,
+            )
+            .await?;
+        Ok(bridge_config(applied.config))
+    }
+
     async fn current(&self, bridge_id: &str) -> Result<StoredConfig, Status> {
         require("bridge_id", bridge_id)?;
         self.ctx
@@ -193,20 +218,16 @@ impl ConfigService for ConfigServiceImpl {
         request: Request<pb::PutRouteRequest>,
     ) -> Result<Response<pb::PutRouteResponse>, Status> {
         let request = request.into_inner();
-        let current = self.current(&request.bridge_id).await?;
-        check_expected(&current, request.expected_version)?;
-        let yaml = documents::put_route(&current.yaml, &request.route_yaml)?;
-        let applied = self
-            .store(
-                Some(&request.bridge_id),
-                yaml,
-                current.selector,
-                Some(current.version),
+        let config = self
+            .edit(
+                &request.bridge_id,
+                request.expected_version,
                 request.change_note,
+                |yaml| documents::put_route(yaml, &request.route_yaml),
             )
             .await?;
         Ok(Response::new(pb::PutRouteResponse {
-            config: Some(bridge_config(applied.config)),
+            config: Some(config),
         }))
     }
 
@@ -216,21 +237,19 @@ impl ConfigService for ConfigServiceImpl {
     ) -> Result<Response<pb::DeleteRouteResponse>, Status> {
         let request = request.into_inner();
         require("route_id", &request.route_id)?;
-        let current = self.current(&request.bridge_id).await?;
-        check_expected(&current, request.expected_version)?;
-        let yaml = documents::delete_route(&current.yaml, &request.route_id)?
-            .ok_or_else(|| route_not_found(&request.bridge_id, &request.route_id))?;
-        let applied = self
-            .store(
-                Some(&request.bridge_id),
-                yaml,
-                current.selector,
-                Some(current.version),
+        let config = self
+            .edit(
+                &request.bridge_id,
+                request.expected_version,
                 request.change_note,
+                |yaml| {
+                    documents::delete_route(yaml, &request.route_id)?
+                        .ok_or_else(|| route_not_found(&request.bridge_id, &request.route_id))
+                },
             )
             .await?;
         Ok(Response::new(pb::DeleteRouteResponse {
-            config: Some(bridge_config(applied.config)),
+            config: Some(config),
         }))
     }
 
