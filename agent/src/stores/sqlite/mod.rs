@@ -25,10 +25,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use super::{StoreError, StoreResult};
 use writer::Writer;
+
+/// Prepared statements kept per connection: more than the stores use, so a
+/// statement is parsed once per connection.
+const STATEMENT_CACHE: usize = 64;
 
 /// How hard SQLite syncs a commit to disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -97,6 +102,12 @@ fn connect(options: &SqliteOptions) -> StoreResult<Connection> {
     )
     .map_err(sql_error)?;
     conn.busy_timeout(options.busy_timeout).map_err(sql_error)?;
+    // Plans do not depend on bound values (query planner stability): without
+    // it SQLite re-prepares a statement whenever a bound value it looked at
+    // while planning changes — every claim, as `now` always does.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .map_err(sql_error)?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     let sync = match options.synchronous {
         Synchronous::Full => "FULL",
         Synchronous::Normal => "NORMAL",

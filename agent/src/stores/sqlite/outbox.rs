@@ -202,27 +202,11 @@ fn append(conn: &Connection, partition: &str, records: Vec<NewRecord>) -> StoreR
             .map_err(sql_error)?;
         seqs.push(last_seq);
     }
-    conn.execute(
-        "UPDATE outbox_partitions SET last_seq=?2 WHERE partition=?1",
-        params![partition, to_i64(last_seq)?],
-    )
-    .map_err(sql_error)?;
+    conn.prepare_cached("UPDATE outbox_partitions SET last_seq=?2 WHERE partition=?1")
+        .map_err(sql_error)?
+        .execute(params![partition, to_i64(last_seq)?])
+        .map_err(sql_error)?;
     Ok(seqs)
-}
-
-fn select_seqs(conn: &Connection, sql: &str, args: impl rusqlite::Params) -> StoreResult<Vec<i64>> {
-    let mut stmt = conn.prepare_cached(sql).map_err(sql_error)?;
-    let rows = stmt.query_map(args, |r| r.get(0)).map_err(sql_error)?;
-    rows.map(|r| r.map_err(sql_error)).collect()
-}
-
-fn load(conn: &Connection, partition: &str, seq: i64) -> StoreResult<OutboxRecord> {
-    let sql = format!("SELECT {COLUMNS} FROM outbox_records WHERE partition=?1 AND seq=?2");
-    conn.prepare_cached(&sql)
-        .map_err(sql_error)?
-        .query_row(params![partition, seq], raw_record)
-        .map_err(sql_error)?
-        .into_record()
 }
 
 struct ClaimArgs<'a> {
@@ -266,52 +250,49 @@ fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResul
     Ok(())
 }
 
-/// Marks `seqs` claimed by `owner` under `version` at `now` and loads them.
-fn mark_claimed(
-    conn: &Connection,
-    partition: &str,
-    owner: &str,
-    version: u64,
-    now: i64,
-    seqs: Vec<i64>,
-) -> StoreResult<Vec<OutboxRecord>> {
-    let version = to_i64(version)?;
-    let mut mark = conn
-        .prepare_cached(
-            "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, \
-             claimed_at_ns=?5 WHERE partition=?1 AND seq=?2",
-        )
-        .map_err(sql_error)?;
-    let mut out = Vec::with_capacity(seqs.len());
-    for seq in seqs {
-        mark.execute(params![partition, seq, version, owner, now])
-            .map_err(sql_error)?;
-        out.push(load(conn, partition, seq)?);
-    }
-    Ok(out)
-}
-
 fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
     advance_fence(conn, a.partition, a.version)?;
     let now = unix_nanos(a.now)?;
     let stale_ns = i64::try_from(a.stale_after.as_nanos()).unwrap_or(i64::MAX);
-    let limit = sql_limit(a.limit);
-    // Two index range scans on (partition, state, seq), merged: pending
-    // records, and this owner's claims old enough to be taken back.
-    let mut seqs = select_seqs(
-        conn,
-        "SELECT seq FROM outbox_records WHERE partition=?1 AND state=0 ORDER BY seq LIMIT ?2",
-        params![a.partition, limit],
-    )?;
-    seqs.extend(select_seqs(
-        conn,
-        "SELECT seq FROM outbox_records WHERE partition=?1 AND state=1 AND claim_owner=?2 \
-         AND claimed_at_ns<=?3 ORDER BY seq LIMIT ?4",
-        params![a.partition, a.owner, now.saturating_sub(stale_ns), limit],
-    )?);
-    seqs.sort_unstable();
-    seqs.truncate(a.limit);
-    mark_claimed(conn, a.partition, a.owner, a.version, now, seqs)
+    // One statement: the oldest `limit` of the pending records and of this
+    // owner's claims old enough to be taken back (two range scans on the
+    // (partition, state, seq) index, merged), marked and returned.
+    let sql = format!(
+        "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, claimed_at_ns=?5 \
+         WHERE partition=?1 AND seq IN ( \
+           SELECT seq FROM (SELECT seq FROM outbox_records WHERE partition=?1 AND state=0 \
+                            ORDER BY seq LIMIT ?2) \
+           UNION ALL \
+           SELECT seq FROM (SELECT seq FROM outbox_records WHERE partition=?1 AND state=1 \
+                            AND claim_owner=?4 AND claimed_at_ns<=?6 ORDER BY seq LIMIT ?2) \
+           ORDER BY seq LIMIT ?2) \
+         RETURNING {COLUMNS}"
+    );
+    let args = params![
+        a.partition,
+        sql_limit(a.limit),
+        to_i64(a.version)?,
+        a.owner,
+        now,
+        now.saturating_sub(stale_ns),
+    ];
+    marked(conn, &sql, args)
+}
+
+/// Runs an `UPDATE … RETURNING {COLUMNS}` and returns the records it marked
+/// in `seq` order (`RETURNING` promises no order).
+fn marked(
+    conn: &Connection,
+    sql: &str,
+    args: impl rusqlite::Params,
+) -> StoreResult<Vec<OutboxRecord>> {
+    let mut stmt = conn.prepare_cached(sql).map_err(sql_error)?;
+    let rows = stmt.query_map(args, raw_record).map_err(sql_error)?;
+    let mut out = rows
+        .map(|r| r.map_err(sql_error)?.into_record())
+        .collect::<StoreResult<Vec<_>>>()?;
+    out.sort_unstable_by_key(|r| r.seq);
+    Ok(out)
 }
 
 /// Runs `stmt` (parameters: partition, seq, version) for each distinct seq
@@ -402,13 +383,21 @@ fn release(
 fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
     advance_fence(conn, a.partition, a.version)?;
     let now = unix_nanos(a.now)?;
-    let seqs = select_seqs(
-        conn,
-        "SELECT seq FROM outbox_records WHERE partition=?1 AND state=0 \
-         AND expires_at_ns IS NOT NULL AND expires_at_ns<=?2 ORDER BY seq LIMIT ?3",
-        params![a.partition, now, sql_limit(a.limit)],
-    )?;
-    mark_claimed(conn, a.partition, a.owner, a.version, now, seqs)
+    let sql = format!(
+        "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, claimed_at_ns=?5 \
+         WHERE partition=?1 AND seq IN ( \
+           SELECT seq FROM outbox_records WHERE partition=?1 AND state=0 \
+           AND expires_at_ns IS NOT NULL AND expires_at_ns<=?5 ORDER BY seq LIMIT ?2) \
+         RETURNING {COLUMNS}"
+    );
+    let args = params![
+        a.partition,
+        sql_limit(a.limit),
+        to_i64(a.version)?,
+        a.owner,
+        now
+    ];
+    marked(conn, &sql, args)
 }
 
 fn stats(conn: &Connection, partition: &str) -> StoreResult<OutboxStats> {

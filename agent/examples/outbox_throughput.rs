@@ -1,0 +1,171 @@
+//! How fast the SQLite outbox moves records on its own, without brokers:
+//! one task appends messages (one record per binding, like the
+//! `shared_outbox` writer, up to `--in-flight` appends at once) while a
+//! drain loop claims batches and completes them, as the drainer does after
+//! its sends. Prints records per second, writer commits and the time each
+//! operation waited for its commit.
+//!
+//! ```sh
+//! cargo run --release -p ferry-agent --example outbox_throughput -- --messages 20000
+//! ```
+//!
+//! It isolates the store's share of the fan-out benchmark (`ferry-bench`,
+//! `docs/benchmarks.md`): if the store alone cannot move records much
+//! faster than the benchmark delivers them, the store is the limit.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use clap::Parser;
+use ferry_agent::stores::sqlite::{SqliteOptions, SqliteOutboxStore, Synchronous};
+use ferry_agent::stores::{NewRecord, OutboxStore};
+use ferry_shared::envelope::{Envelope, Source, TraceContext};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use prost::bytes::Bytes;
+
+#[derive(Parser)]
+struct Args {
+    /// Messages appended.
+    #[arg(long, default_value_t = 20_000)]
+    messages: usize,
+    /// Records per message (bindings of the route).
+    #[arg(long, default_value_t = 3)]
+    bindings: usize,
+    /// Appends in flight at once (the route's `max_in_flight`).
+    #[arg(long, default_value_t = 100)]
+    in_flight: usize,
+    /// Records per claim (`drain_batch_size`).
+    #[arg(long, default_value_t = 50)]
+    batch: usize,
+    /// Payload bytes.
+    #[arg(long, default_value_t = 256)]
+    payload: usize,
+    /// `synchronous=NORMAL` instead of `FULL`.
+    #[arg(long)]
+    normal: bool,
+}
+
+const PARTITION: &str = "bench/route";
+
+fn envelope(payload: &Bytes) -> Envelope {
+    Envelope {
+        id: uuid::Uuid::now_v7().to_string(),
+        headers: Vec::new(),
+        payload: payload.clone(),
+        content_type: None,
+        source: Source {
+            transport: "mqtt".into(),
+            session_id: "in".into(),
+            address: "sensors/bench".into(),
+            received_at: SystemTime::now(),
+        },
+        expires_at: None,
+        trace: TraceContext::default(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let dir = tempfile::tempdir().context("temporary directory")?;
+    let mut options = SqliteOptions::new(dir.path().join("outbox.db"));
+    if args.normal {
+        options.synchronous = Synchronous::Normal;
+    }
+    let store = Arc::new(SqliteOutboxStore::open(options).await?);
+    let payload = Bytes::from(vec![b'x'; args.payload]);
+    let total = args.messages * args.bindings;
+    let started = Instant::now();
+    let appending = Arc::new(AtomicBool::new(true));
+
+    let appender = {
+        let (store, appending) = (Arc::clone(&store), Arc::clone(&appending));
+        let (messages, bindings, in_flight) = (args.messages, args.bindings, args.in_flight);
+        tokio::spawn(async move {
+            let mut pending = FuturesUnordered::new();
+            let mut waited = Duration::ZERO;
+            for _ in 0..messages {
+                if pending.len() >= in_flight
+                    && let Some(r) = pending.next().await
+                {
+                    waited += r?;
+                }
+                let envelope = envelope(&payload);
+                let now = SystemTime::now();
+                let records = (0..bindings)
+                    .map(|b| {
+                        NewRecord::new(format!("b{b}"), format!("b{b}/x"), envelope.clone(), now)
+                    })
+                    .collect();
+                let store = Arc::clone(&store);
+                pending.push(async move {
+                    let t = Instant::now();
+                    store.append(PARTITION, records).await.map(|_| t.elapsed())
+                });
+            }
+            while let Some(r) = pending.next().await {
+                waited += r?;
+            }
+            appending.store(false, Ordering::Relaxed);
+            Ok::<_, anyhow::Error>((started.elapsed(), waited / messages as u32))
+        })
+    };
+
+    let mut drained = 0;
+    let (mut claims, mut claim_time, mut complete_time) = (0u32, Duration::ZERO, Duration::ZERO);
+    while drained < total {
+        let t = Instant::now();
+        let batch = store
+            .claim(PARTITION, "owner", 1, args.batch, SystemTime::now())
+            .await?;
+        claim_time += t.elapsed();
+        claims += 1;
+        if batch.is_empty() {
+            anyhow::ensure!(
+                appending.load(Ordering::Relaxed),
+                "outbox empty after {drained} of {total} records"
+            );
+            tokio::task::yield_now().await;
+            continue;
+        }
+        let seqs: Vec<u64> = batch.iter().map(|r| r.seq).collect();
+        let t = Instant::now();
+        drained += store.complete(PARTITION, 1, &seqs).await?.len();
+        complete_time += t.elapsed();
+    }
+    let elapsed = started.elapsed();
+    let (append_elapsed, append_wait) = appender.await??;
+    let commits = store.commits();
+    println!(
+        "{} messages × {} records, {} synchronous, batch {}, {} appends in flight",
+        args.messages,
+        args.bindings,
+        if args.normal { "NORMAL" } else { "FULL" },
+        args.batch,
+        args.in_flight
+    );
+    println!(
+        "drained {total} records in {:.2} s: {:.0} records/s ({:.0} messages/s per binding)",
+        elapsed.as_secs_f64(),
+        total as f64 / elapsed.as_secs_f64(),
+        args.messages as f64 / elapsed.as_secs_f64()
+    );
+    println!(
+        "appends finished after {:.2} s, {:.2} ms each on average",
+        append_elapsed.as_secs_f64(),
+        append_wait.as_secs_f64() * 1e3
+    );
+    println!(
+        "{claims} claims at {:.2} ms, completes at {:.2} ms on average; {commits} commits",
+        claim_time.as_secs_f64() * 1e3 / f64::from(claims),
+        complete_time.as_secs_f64() * 1e3 / f64::from(claims)
+    );
+    Arc::into_inner(store)
+        .context("store still shared")?
+        .close()
+        .await;
+    Ok(())
+}
