@@ -78,6 +78,7 @@ async fn main() -> anyhow::Result<()> {
     let store = Arc::new(SqliteOutboxStore::open(options).await?);
     let payload = Bytes::from(vec![b'x'; args.payload]);
     let total = args.messages * args.bindings;
+    let written_before = written_bytes();
     let started = Instant::now();
     let appending = Arc::new(AtomicBool::new(true));
 
@@ -137,6 +138,7 @@ async fn main() -> anyhow::Result<()> {
         complete_time += t.elapsed();
     }
     let elapsed = started.elapsed();
+    let written = written_bytes() - written_before;
     let (append_elapsed, append_wait) = appender.await??;
     let commits = store.commits();
     println!(
@@ -163,9 +165,27 @@ async fn main() -> anyhow::Result<()> {
         claim_time.as_secs_f64() * 1e3 / f64::from(claims),
         complete_time.as_secs_f64() * 1e3 / f64::from(claims)
     );
+    println!(
+        "{:.0} bytes written per record ({:.1} MiB)",
+        written as f64 / total as f64,
+        written as f64 / f64::from(1 << 20)
+    );
     Arc::into_inner(store)
         .context("store still shared")?
         .close()
         .await;
     Ok(())
+}
+
+/// Bytes this process asked the kernel to write so far (`wchar` in
+/// `/proc/self/io`): the WAL frames and checkpoints; 0 where unavailable.
+fn written_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|io| {
+            io.lines()
+                .find_map(|l| l.strip_prefix("wchar: "))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }

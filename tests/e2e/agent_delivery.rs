@@ -113,13 +113,12 @@ async fn a_burst_past_the_receive_window_costs_no_reconnect_and_no_duplicate() -
 /// restarting it each time: nothing is missing anywhere, and duplicates stay within the
 /// in-flight window.
 ///
-/// The bound: a crash can repeat, per destination, (a) the records the drainer had sent but
-/// not yet completed — the batch being sent plus the previous batch whose completion is
-/// written during those sends (the drain is pipelined), at most `2 × drain_batch_size`
-/// records; the batch claimed ahead is not sent yet — and (b) the messages already appended to
-/// the outbox whose PUBACK had not reached broker A — at most `max_in_flight`, since the
-/// writer holds no more unsettled deliveries. So each destination sees at most
-/// `crashes × (2 × drain_batch_size + max_in_flight)` duplicates.
+/// The bound: a crash can repeat, per destination, (a) the records the drainer had claimed
+/// but whose outcome was not yet written — it claims a batch only while at most two are
+/// unsettled, so at most `3 × drain_batch_size` records — and (b) the messages already
+/// appended to the outbox whose PUBACK had not reached broker A — at most `max_in_flight`,
+/// since the writer holds no more unsettled deliveries. So each destination sees at most
+/// `crashes × (3 × drain_batch_size + max_in_flight)` duplicates.
 #[tokio::test]
 async fn sigkill_during_drain_loses_nothing_and_bounds_duplicates() -> anyhow::Result<()> {
     const N: u64 = 10_000;
@@ -172,7 +171,7 @@ async fn sigkill_during_drain_loses_nothing_and_bounds_duplicates() -> anyhow::R
             .wait_for(&bridge.output(binding), 0..N, Duration::from_secs(120))
             .await?;
     }
-    let bound = CRASHES * (2 * BATCH + IN_FLIGHT);
+    let bound = CRASHES * (3 * BATCH + IN_FLIGHT);
     for binding in &bridge.bindings {
         let topic = bridge.output(binding);
         let extra: u64 = (0..N)

@@ -1,12 +1,15 @@
-//! One drain cycle: expire, claim, send per binding in order, then complete,
-//! release and dead-letter in as few store calls as possible.
+//! One drain cycle: expire, then stream claimed batches through per-binding
+//! send lanes while completing, releasing and dead-lettering what came back
+//! in as few store calls as possible.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use futures::StreamExt;
-use futures::stream::FuturesOrdered;
+use futures::future::{BoxFuture, OptionFuture};
+use futures::stream::FuturesUnordered;
+use tokio_util::sync::CancellationToken;
 
 use super::{Drainer, SEND_WINDOW, STATS_EVERY};
 use crate::metrics::Terminal;
@@ -21,30 +24,45 @@ pub(super) struct Report {
     pub claimed: usize,
 }
 
-/// A batch claimed ahead, with the previous batch's completion still to be
-/// written (every record of that batch was accepted or disposed).
-#[derive(Debug)]
-pub(crate) struct Ahead {
-    records: Vec<OutboxRecord>,
-    done: Vec<u64>,
-    accepted: Vec<OutboxRecord>,
+/// One binding's records in send order.
+#[derive(Default)]
+struct Lane {
+    /// Claimed, not yet started, in `seq` order.
+    queue: VecDeque<OutboxRecord>,
+    /// Sends started and not yet answered.
+    in_flight: usize,
+    /// A send failed: nothing more of this binding starts in this cycle.
+    stopped: bool,
 }
 
-/// How one record's turn ended.
-enum Turn {
-    Accepted,
-    Failed(SendError),
-    Untried,
+/// Outcomes waiting to be written.
+#[derive(Default)]
+struct Outcomes {
+    accepted: Vec<OutboxRecord>,
+    dead: Vec<(OutboxRecord, Failure)>,
+    failed: BTreeMap<String, Vec<u64>>,
+    untried: Vec<u64>,
 }
+
+impl Outcomes {
+    fn len(&self) -> usize {
+        self.accepted.len()
+            + self.dead.len()
+            + self.failed.values().map(Vec::len).sum::<usize>()
+            + self.untried.len()
+    }
+}
+
+type SendOutcome = (OutboxRecord, Result<(), SendError>);
 
 impl Drainer {
-    /// `ahead` carries a batch claimed while the previous one was being
-    /// sent (see [`Drainer::drain`]); the drain loop keeps it between cycles.
+    /// Expires what is due and drains the partition (see [`Drainer::drain`]).
+    /// After `stop` no more is claimed; what is in flight finishes.
     pub(super) async fn cycle(
         &self,
         version: u64,
         last_stats: &mut Option<Instant>,
-        ahead: &mut Option<Ahead>,
+        stop: &CancellationToken,
     ) -> StoreResult<Report> {
         let now = SystemTime::now();
         let expiry = async {
@@ -57,8 +75,8 @@ impl Drainer {
             }
             Ok(())
         };
-        let (expiry, drained) = tokio::join!(expiry, self.drain(version, now, ahead));
-        let report = Report { claimed: drained? };
+        let (expiry, report) = tokio::join!(expiry, self.drain(version, stop));
+        let report = report?;
         expiry?;
         if last_stats.is_none_or(|t| t.elapsed() >= STATS_EVERY) {
             *last_stats = Some(Instant::now());
@@ -67,71 +85,242 @@ impl Drainer {
         Ok(report)
     }
 
-    /// Claims a batch (or takes the one claimed ahead) and delivers it;
-    /// returns how many records it held. While a full batch is sent, the
-    /// previous batch's completion and the next batch's claim are written
-    /// (queued together, they share a commit), so the writer's commits
-    /// overlap the sends instead of following them. The next batch is only
-    /// sent if every record of this one was accepted or disposed; otherwise
-    /// it is released untried, so the next claim starts again at the lowest
-    /// pending `seq` of every binding (order, invariant 3).
-    async fn drain(
-        &self,
-        version: u64,
-        now: SystemTime,
-        ahead: &mut Option<Ahead>,
-    ) -> StoreResult<usize> {
+    /// Claims batches and sends them until the partition is empty, a send
+    /// fails, or `stop` (invariant 6). Each binding has a lane: its records
+    /// start in `seq` order as soon as they are claimed, behind those of
+    /// earlier batches, at most [`SEND_WINDOW`] in flight. A batch is claimed
+    /// while at most two are unsettled, so at most three are ever claimed
+    /// and not yet settled (the crash duplicate window, invariant 2).
+    /// Outcomes are written a batch's worth at a time — queued with the
+    /// claim they let through, so both share a commit — and the remainder
+    /// once nothing else is in flight. After a failure nothing more is
+    /// claimed and the failed binding's queued records go back untried; the
+    /// cycle ends once everything in flight is settled, so the next one
+    /// starts again at the lowest pending `seq` of every binding.
+    async fn drain(&self, version: u64, stop: &CancellationToken) -> StoreResult<Report> {
+        let mut report = Report::default();
         if !*self.connected.borrow() {
-            // Nothing is sent while disconnected: write the completion and
-            // give the batch claimed ahead back.
-            if let Some(a) = ahead.take() {
-                self.flush(version, a).await?;
-            }
-            return Ok(0);
+            return Ok(report);
         }
-        let (records, previous) = match ahead.take() {
-            Some(a) => (a.records, Some((a.done, a.accepted))),
-            None => {
-                let r = self
-                    .outbox
-                    .claim(&self.partition, &self.owner, version, self.batch, now)
-                    .await?;
-                (r, None)
+        let mut lanes: HashMap<String, Lane> = HashMap::new();
+        let mut sends: FuturesUnordered<BoxFuture<'static, SendOutcome>> = FuturesUnordered::new();
+        let mut outcomes = Outcomes::default();
+        let mut claiming: Option<BoxFuture<'_, StoreResult<Vec<OutboxRecord>>>> = None;
+        let mut writing: Option<BoxFuture<'_, StoreResult<()>>> = None;
+        // Claimed and not yet settled: queued, in flight, in `outcomes` or
+        // being written.
+        let mut unsettled = 0usize;
+        let mut writing_count = 0usize;
+        // A claim came back short: the partition is drained.
+        let mut more = true;
+        // A send or a claim failed: claim nothing more.
+        let mut interrupted = false;
+        let mut error = None;
+        loop {
+            if claiming.is_none()
+                && more
+                && !interrupted
+                && !stop.is_cancelled()
+                && unsettled <= 2 * self.batch
+            {
+                claiming = Some(self.outbox.claim(
+                    &self.partition,
+                    &self.owner,
+                    version,
+                    self.batch,
+                    SystemTime::now(),
+                ));
+            }
+            // A batch's worth of outcomes is written at once (with the
+            // claim it lets through, in one commit); the rest when nothing
+            // else is coming.
+            let idle = claiming.is_none() && sends.is_empty();
+            if writing.is_none() && (outcomes.len() >= self.batch || (idle && outcomes.len() > 0)) {
+                let taken = std::mem::take(&mut outcomes);
+                writing_count = taken.len();
+                writing = Some(Box::pin(self.write_outcomes(version, taken)));
+            }
+            if claiming.is_none() && writing.is_none() && sends.is_empty() {
+                break;
+            }
+            // Outcomes first, so a failing binding stops as early as possible.
+            tokio::select! {
+                biased;
+                Some((record, result)) = sends.next(), if !sends.is_empty() => {
+                    // Every record in flight came through its lane.
+                    let lane = lanes.entry(record.binding.clone()).or_default();
+                    lane.in_flight = lane.in_flight.saturating_sub(1);
+                    match result {
+                        Ok(()) => outcomes.accepted.push(record),
+                        Err(e) => {
+                            tracing::debug!(partition = %self.partition, seq = record.seq, binding = %record.binding, error = %e, "send failed");
+                            interrupted = true;
+                            lane.stopped = true;
+                            outcomes.untried.extend(lane.queue.drain(..).map(|r| r.seq));
+                            self.failed(record, e, &mut outcomes);
+                        }
+                    }
+                }
+                Some(claimed) = OptionFuture::from(claiming.as_mut()), if claiming.is_some() => {
+                    claiming = None;
+                    match claimed {
+                        Ok(records) => {
+                            more = records.len() >= self.batch;
+                            report.claimed += records.len();
+                            unsettled += records.len();
+                            self.enqueue(records, &mut lanes, &mut outcomes);
+                        }
+                        Err(e) => {
+                            interrupted = true;
+                            error.get_or_insert(e);
+                        }
+                    }
+                }
+                Some(written) = OptionFuture::from(writing.as_mut()), if writing.is_some() => {
+                    writing = None;
+                    unsettled -= writing_count;
+                    // On failure later writes would fail alike: what is in
+                    // flight is abandoned, its claims are taken back later.
+                    written?;
+                }
+            }
+            self.start_sends(&mut lanes, &mut sends);
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+
+    /// Sorts claimed records: expired ones go back untried (the next sweep
+    /// applies `on_expired`), exhausted ones to the DLQ, the rest to their
+    /// binding's lane, or back untried if that lane has stopped.
+    fn enqueue(
+        &self,
+        records: Vec<OutboxRecord>,
+        lanes: &mut HashMap<String, Lane>,
+        outcomes: &mut Outcomes,
+    ) {
+        let now = SystemTime::now();
+        for r in records {
+            if r.envelope.is_expired(now) {
+                outcomes.untried.push(r.seq);
+            } else if self.exhausted(r.replay_count, r.first_attempt_at, now) {
+                let f = Failure {
+                    reason: DlqReason::ReplayExhausted,
+                    error: r.last_error.clone().unwrap_or_default(),
+                    attempts: r.replay_count,
+                    first_attempt_at: r.first_attempt_at,
+                    last_attempt_at: None,
+                };
+                outcomes.dead.push((r, f));
+            } else {
+                let lane = lanes.entry(r.binding.clone()).or_default();
+                if lane.stopped {
+                    outcomes.untried.push(r.seq);
+                } else {
+                    lane.queue.push_back(r);
+                }
+            }
+        }
+    }
+
+    /// Starts queued records while their lane has room. Futures are first
+    /// polled in push order, so each binding's publishes reach the
+    /// connection in record order.
+    fn start_sends(
+        &self,
+        lanes: &mut HashMap<String, Lane>,
+        sends: &mut FuturesUnordered<BoxFuture<'static, SendOutcome>>,
+    ) {
+        for lane in lanes.values_mut() {
+            while !lane.stopped && lane.in_flight < SEND_WINDOW {
+                let Some(r) = lane.queue.pop_front() else {
+                    break;
+                };
+                lane.in_flight += 1;
+                let sender = Arc::clone(&self.sender);
+                sends.push(Box::pin(async move {
+                    let address = Address::new(r.address.clone());
+                    let result = sender.send(&r.envelope, &address).await;
+                    (r, result)
+                }));
+            }
+        }
+    }
+
+    /// Files a failed send: a permanent error or an exhausted budget goes to
+    /// the DLQ, anything else is released counted.
+    fn failed(&self, r: OutboxRecord, error: SendError, outcomes: &mut Outcomes) {
+        let attempted_at = SystemTime::now();
+        let first = r.first_attempt_at.unwrap_or(attempted_at);
+        let reason = match &error {
+            SendError::Permanent(_) => DlqReason::PermanentError,
+            _ if self.exhausted(r.replay_count + 1, Some(first), attempted_at) => {
+                DlqReason::ReplayExhausted
+            }
+            _ => {
+                outcomes
+                    .failed
+                    .entry(error.to_string())
+                    .or_default()
+                    .push(r.seq);
+                return;
             }
         };
-        let claimed = records.len();
-        if claimed == 0 {
-            return Ok(0);
-        }
-        *ahead = self
-            .deliver(version, records, previous, claimed >= self.batch)
-            .await?;
-        Ok(claimed)
+        let error = match error {
+            SendError::Permanent(e) => e,
+            other => other.to_string(),
+        };
+        let f = Failure {
+            reason,
+            error,
+            attempts: r.replay_count + 1,
+            first_attempt_at: Some(first),
+            last_attempt_at: Some(attempted_at),
+        };
+        outcomes.dead.push((r, f));
     }
 
-    /// Writes a batch claimed ahead's pending completion and releases the
-    /// batch untried.
-    pub(super) async fn flush(&self, version: u64, a: Ahead) -> StoreResult<()> {
-        let settled = self
-            .settle(version, &a.done, &a.accepted, Vec::new(), &[])
-            .await;
-        let released = self.release_untried(version, &a.records).await;
-        settled.and(released)
-    }
-
-    pub(super) async fn release_untried(
-        &self,
-        version: u64,
-        records: &[OutboxRecord],
-    ) -> StoreResult<()> {
-        if records.is_empty() {
-            return Ok(());
-        }
-        let seqs: Vec<u64> = records.iter().map(|r| r.seq).collect();
-        self.outbox
-            .release(&self.partition, version, &seqs, Release::Untried)
+    /// Dead-letters what must be, then writes every outcome (see
+    /// [`Drainer::settle`]). A record whose DLQ write failed is released
+    /// untried and retried.
+    async fn write_outcomes(&self, version: u64, outcomes: Outcomes) -> StoreResult<()> {
+        let Outcomes {
+            accepted,
+            dead,
+            failed,
+            mut untried,
+        } = outcomes;
+        let mut done = Vec::new();
+        for (r, failure) in dead {
+            let Some(binding) = self.bindings.get(&r.binding) else {
+                untried.push(r.seq);
+                continue;
+            };
+            match dispose(
+                &self.identity,
+                self.dlq.as_ref(),
+                self.on_permanent_failure,
+                binding,
+                r.id.clone(),
+                &r.envelope,
+                failure,
+                r.created_at,
+                false,
+            )
             .await
-            .map(|_| ())
+            {
+                Ok(_) => done.push(r.seq),
+                Err(error) => {
+                    tracing::warn!(partition = %self.partition, seq = r.seq, %error, "dlq write failed; the record is retried");
+                    untried.push(r.seq);
+                }
+            }
+        }
+        let failed: Vec<(String, Vec<u64>)> = failed.into_iter().collect();
+        self.settle(version, &done, &accepted, failed, &untried)
+            .await
     }
 
     async fn finish_expired(&self, version: u64, records: Vec<OutboxRecord>) -> StoreResult<()> {
@@ -170,199 +359,6 @@ impl Drainer {
             }
         }
         self.settle(version, &done, &[], Vec::new(), &retry).await
-    }
-
-    /// Sends one batch while writing `previous`'s completion and, with
-    /// `claim_next`, claiming the next batch. Settles the batch, or, when
-    /// every record was accepted or disposed and a next batch was claimed,
-    /// returns that batch with this one's completion still to be written.
-    async fn deliver(
-        &self,
-        version: u64,
-        records: Vec<OutboxRecord>,
-        previous: Option<(Vec<u64>, Vec<OutboxRecord>)>,
-        claim_next: bool,
-    ) -> StoreResult<Option<Ahead>> {
-        let now = SystemTime::now();
-        // Group by binding, keeping seq order inside each group.
-        let mut groups: BTreeMap<String, Vec<OutboxRecord>> = BTreeMap::new();
-        let mut dead: Vec<(OutboxRecord, Failure)> = Vec::new();
-        let mut untried = Vec::new();
-        for r in records {
-            if r.envelope.is_expired(now) {
-                // Expired after this cycle's sweep: released untried, the
-                // next sweep applies `on_expired`.
-                untried.push(r.seq);
-            } else if self.exhausted(r.replay_count, r.first_attempt_at, now) {
-                let f = Failure {
-                    reason: DlqReason::ReplayExhausted,
-                    error: r.last_error.clone().unwrap_or_default(),
-                    attempts: r.replay_count,
-                    first_attempt_at: r.first_attempt_at,
-                    last_attempt_at: None,
-                };
-                dead.push((r, f));
-            } else {
-                groups.entry(r.binding.clone()).or_default().push(r);
-            }
-        }
-        let sends = futures::future::join_all(groups.into_values().map(|g| self.send_in_order(g)));
-        // The completion is queued for the writer before the claim.
-        let writes = async {
-            let settle = async {
-                match &previous {
-                    Some((done, accepted)) => {
-                        self.settle(version, done, accepted, Vec::new(), &[]).await
-                    }
-                    None => Ok(()),
-                }
-            };
-            let claim = async {
-                if claim_next {
-                    self.outbox
-                        .claim(
-                            &self.partition,
-                            &self.owner,
-                            version,
-                            self.batch,
-                            SystemTime::now(),
-                        )
-                        .await
-                        .map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
-            tokio::join!(settle, claim)
-        };
-        let (turns, (previous_settled, next)) = tokio::join!(sends, writes);
-        let attempted_at = SystemTime::now();
-        let mut accepted = Vec::new();
-        let mut failed: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        for (r, turn) in turns.into_iter().flatten() {
-            match turn {
-                Turn::Accepted => accepted.push(r),
-                Turn::Untried => untried.push(r.seq),
-                Turn::Failed(SendError::Permanent(error)) => {
-                    let f = Failure {
-                        reason: DlqReason::PermanentError,
-                        error,
-                        attempts: r.replay_count + 1,
-                        first_attempt_at: Some(r.first_attempt_at.unwrap_or(attempted_at)),
-                        last_attempt_at: Some(attempted_at),
-                    };
-                    dead.push((r, f));
-                }
-                Turn::Failed(error) => {
-                    let first = r.first_attempt_at.unwrap_or(attempted_at);
-                    if self.exhausted(r.replay_count + 1, Some(first), attempted_at) {
-                        let f = Failure {
-                            reason: DlqReason::ReplayExhausted,
-                            error: error.to_string(),
-                            attempts: r.replay_count + 1,
-                            first_attempt_at: Some(first),
-                            last_attempt_at: Some(attempted_at),
-                        };
-                        dead.push((r, f));
-                    } else {
-                        failed.entry(error.to_string()).or_default().push(r.seq);
-                    }
-                }
-            }
-        }
-        let mut done: Vec<u64> = Vec::new();
-        for (r, failure) in dead {
-            let Some(binding) = self.bindings.get(&r.binding) else {
-                untried.push(r.seq);
-                continue;
-            };
-            let action = self.on_permanent_failure;
-            match dispose(
-                &self.identity,
-                self.dlq.as_ref(),
-                action,
-                binding,
-                r.id.clone(),
-                &r.envelope,
-                failure,
-                r.created_at,
-                false,
-            )
-            .await
-            {
-                Ok(_) => done.push(r.seq),
-                Err(error) => {
-                    tracing::warn!(partition = %self.partition, seq = r.seq, %error, "dlq write failed; the record is retried");
-                    untried.push(r.seq);
-                }
-            }
-        }
-        let clean = failed.is_empty() && untried.is_empty();
-        let failed: Vec<(String, Vec<u64>)> = failed.into_iter().collect();
-        let outcome = match (previous_settled, next) {
-            (Ok(()), Ok(Some(next))) if clean && !next.is_empty() => {
-                return Ok(Some(Ahead {
-                    records: next,
-                    done,
-                    accepted,
-                }));
-            }
-            (Ok(()), Ok(next)) => {
-                // Not clean (or nothing ahead): the batch ahead goes back.
-                match next {
-                    Some(next) => self.release_untried(version, &next).await,
-                    None => Ok(()),
-                }
-            }
-            (Ok(()), Err(error)) => Err(error),
-            (Err(error), next) => {
-                if let Ok(Some(next)) = next
-                    && let Err(e) = self.release_untried(version, &next).await
-                {
-                    tracing::warn!(partition = %self.partition, error = %e, "releasing the batch claimed ahead failed; it is taken back when stale");
-                }
-                Err(error)
-            }
-        };
-        let settled = self
-            .settle(version, &done, &accepted, failed, &untried)
-            .await;
-        settled.and(outcome).map(|()| None)
-    }
-
-    /// Sends one binding's records in order, pipelined up to the window; a
-    /// failure stops the records not yet started.
-    async fn send_in_order(&self, records: Vec<OutboxRecord>) -> Vec<(OutboxRecord, Turn)> {
-        let mut out = Vec::with_capacity(records.len());
-        let mut queue = records.into_iter();
-        let mut in_flight = FuturesOrdered::new();
-        let mut stopped = false;
-        loop {
-            while !stopped && in_flight.len() < SEND_WINDOW {
-                let Some(r) = queue.next() else { break };
-                let sender = Arc::clone(&self.sender);
-                // Futures are first polled in push order, so the publishes
-                // are queued on the connection in record order.
-                in_flight.push_back(async move {
-                    let address = Address::new(r.address.clone());
-                    let result = sender.send(&r.envelope, &address).await;
-                    (r, result)
-                });
-            }
-            let Some((r, result)) = in_flight.next().await else {
-                break;
-            };
-            match result {
-                Ok(()) => out.push((r, Turn::Accepted)),
-                Err(error) => {
-                    tracing::debug!(partition = %self.partition, seq = r.seq, binding = %r.binding, %error, "send failed");
-                    stopped = true;
-                    out.push((r, Turn::Failed(error)));
-                }
-            }
-        }
-        out.extend(queue.map(|r| (r, Turn::Untried)));
-        out
     }
 
     fn exhausted(&self, replay_count: u32, first: Option<SystemTime>, now: SystemTime) -> bool {

@@ -13,9 +13,9 @@
 //! 2. **A record is completed only after its destination accepted it, or
 //!    after its DLQ entry is durable.** A crash between the send and the
 //!    completion re-sends the record: the duplicate window is the records
-//!    accepted but not yet completed plus those in flight — at most
-//!    2 × `drain_batch_size` per crash, because a full batch's completion is
-//!    written while the next batch is sent (see invariant 6).
+//!    claimed and not yet settled — at most 3 × `drain_batch_size` per crash,
+//!    because a batch is claimed only while at most two are unsettled (see
+//!    invariant 6).
 //! 3. **Order per binding.** Records of one binding leave in `seq` order
 //!    (pipelined up to [`SEND_WINDOW`] on the connection, never reordered); a
 //!    failed send stops the later records of its binding in that cycle: those
@@ -30,17 +30,18 @@
 //! 5. **Expiry is fenced too.** Each cycle (also while disconnected) claims
 //!    expired pending records (`OutboxStore::expire`), applies `on_expired`,
 //!    and only then completes them.
-//! 6. **The drain is pipelined, never reordered.** While a full batch is
-//!    sent, the previous batch's completion and the next batch's claim are
-//!    written (the completion queued first, so the two share the writer's
-//!    commit, and both overlap the sends). A batch claimed ahead
-//!    is sent only after every record of the previous batch was accepted or
-//!    disposed; if any record of it failed or was released, the batch
-//!    claimed ahead is released untried, so the next claim starts again at
-//!    the lowest pending `seq` of every binding. On lease loss the batch
-//!    ahead and the pending completion are dropped with the cycle (the new
-//!    holder's version takes them back); at shutdown the completion is
-//!    written and the batch ahead released.
+//! 6. **The drain streams, never reorders.** A cycle claims batch after
+//!    batch while the partition has records, and each batch's records join
+//!    their binding's send lane as soon as they are claimed, behind the
+//!    earlier ones, so the connection does not idle between batches. A batch
+//!    is claimed once at most two are unsettled (sent or queued, outcome not
+//!    yet written); outcomes are written a batch's worth at a time, together
+//!    with the claim they let through. After any failure the cycle claims
+//!    nothing more, lets what is in flight finish, writes every outcome, and
+//!    ends, so the next cycle starts again at the lowest pending `seq` of
+//!    every binding. On lease loss the cycle is dropped (the new holder's
+//!    version takes its claims back); at shutdown it claims nothing more and
+//!    finishes within the grace period.
 //!
 //! Work arrives through a [`Notify`] the writer signals after each append;
 //! otherwise the fallback poll is `drain_interval` or adaptive backoff.
@@ -170,8 +171,6 @@ impl Drainer {
             };
             tracing::info!(partition = %self.partition, version, "draining");
             let mut last_stats = None;
-            // A batch claimed ahead under this version (see `cycle`).
-            let mut ahead = None;
             loop {
                 let mut lost = lease.clone();
                 let lost = async move {
@@ -179,52 +178,37 @@ impl Drainer {
                     let _ = lost.wait_for(|v| *v != Some(version)).await;
                 };
                 tokio::pin!(lost);
-                let mut cycle = Box::pin(self.cycle(version, &mut last_stats, &mut ahead));
+                let mut cycle = Box::pin(self.cycle(version, &mut last_stats, &shutdown));
                 let report = tokio::select! {
                     biased;
                     () = &mut lost => break,
                     report = &mut cycle => report,
                     () = shutdown.cancelled() => {
-                        let finished = tokio::time::timeout(self.grace, &mut cycle).await.is_ok();
-                        drop(cycle);
-                        if !finished {
+                        // The cycle claims nothing more now; what is in
+                        // flight finishes and is written.
+                        if tokio::time::timeout(self.grace, &mut cycle).await.is_err() {
                             tracing::warn!(partition = %self.partition, "a drain cycle did not finish within the grace period; its claims are taken back on restart");
-                        } else if let Some(a) = ahead.take() {
-                            // Write the pending completion; give the batch
-                            // claimed ahead back unsent.
-                            let flush = self.flush(version, a);
-                            if let Ok(Err(error)) = tokio::time::timeout(self.grace, flush).await {
-                                tracing::warn!(partition = %self.partition, %error, "releasing the batch claimed ahead failed; it is taken back on restart");
-                            }
                         }
                         return;
                     }
                 };
                 drop(cycle);
-                let more = match report {
-                    Ok(r) if r.claimed > 0 => {
-                        poll.reset();
-                        r.claimed >= self.batch || ahead.is_some()
-                    }
-                    Ok(_) => {
-                        poll.empty();
-                        false
-                    }
+                // A cycle drains until the partition is empty, so the next
+                // waits for a write (whose wake-up may already be pending),
+                // a reconnect or the fallback poll.
+                match report {
+                    Ok(r) if r.claimed > 0 => poll.reset(),
+                    Ok(_) => poll.empty(),
                     Err(StoreError::Stale(error)) => {
                         // A newer holder exists; the keeper notices at its
                         // next renewal. Do nothing meanwhile.
                         tracing::warn!(partition = %self.partition, %error, "fenced out");
                         poll.empty();
-                        false
                     }
                     Err(error) => {
                         tracing::warn!(partition = %self.partition, %error, "drain cycle failed");
                         poll.empty();
-                        false
                     }
-                };
-                if more {
-                    continue;
                 }
                 tokio::select! {
                     biased;

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use ferry_shared::config::{DrainPoll, FailureAction};
 use ferry_shared::envelope::{Envelope, Source, TraceContext};
 use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
 
 use super::Drainer;
 use crate::admin::Readiness;
@@ -151,17 +152,12 @@ async fn append(f: &Fixture, binding: &str, payloads: std::ops::Range<u32>) {
     f.outbox.append(P, records).await.expect("append");
 }
 
-async fn cycle(f: &Fixture) {
-    let mut ahead = None;
+async fn cycle(f: &Fixture) -> usize {
     f.drainer
-        .cycle(1, &mut None, &mut ahead)
+        .cycle(1, &mut None, &CancellationToken::new())
         .await
-        .expect("cycle");
-    // A full batch leaves the next one claimed ahead, with its own completion
-    // pending: write it and give the batch back, as at shutdown.
-    if let Some(a) = ahead {
-        f.drainer.flush(1, a).await.expect("flush");
-    }
+        .expect("cycle")
+        .claimed
 }
 
 #[tokio::test]
@@ -284,20 +280,8 @@ async fn pipelined_batches_keep_order_and_complete_everything() {
     append(&f, "x", 0..5).await;
     append(&f, "y", 0..3).await;
     append(&f, "x", 5..10).await;
-    let mut ahead = None;
-    let mut cycles = 0;
-    loop {
-        let report = f
-            .drainer
-            .cycle(1, &mut None, &mut ahead)
-            .await
-            .expect("cycle");
-        cycles += 1;
-        if report.claimed == 0 && ahead.is_none() {
-            break;
-        }
-        assert!(cycles < 20, "the drain does not end");
-    }
+    assert_eq!(cycle(&f).await, 13, "one cycle drains every batch");
+    assert_eq!(cycle(&f).await, 0);
     let sent = f.sender.sent.lock().expect("lock").clone();
     let of = |a: &str| -> Vec<String> {
         sent.iter()
@@ -320,12 +304,7 @@ async fn a_failure_releases_the_batch_claimed_ahead_untried() {
     );
     f.drainer.batch = 4;
     append(&f, "x", 0..12).await;
-    let mut ahead = None;
-    f.drainer
-        .cycle(1, &mut None, &mut ahead)
-        .await
-        .expect("cycle");
-    assert!(ahead.is_none(), "nothing is kept ahead after a failure");
+    assert_eq!(cycle(&f).await, 8, "the next batch was claimed ahead");
     let sent = f.sender.sent.lock().expect("lock").len();
     assert_eq!(sent, 4, "only the first batch was sent");
     let left = f.outbox.dump(P).expect("dump");

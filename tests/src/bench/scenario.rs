@@ -336,7 +336,11 @@ fn tempdir(parent: Option<&Path>) -> anyhow::Result<tempfile::TempDir> {
     let mut builder = tempfile::Builder::new();
     builder.prefix("ferry-bench-");
     match parent {
-        Some(parent) => builder.tempdir_in(parent),
+        Some(parent) => {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+            builder.tempdir_in(parent)
+        }
         None => builder.tempdir(),
     }
     .context("creating the run's directory")
