@@ -15,7 +15,10 @@
 //! 1. `seq` is assigned by `append`, strictly increasing per partition and
 //!    never reused, also after records are deleted or the store reopened.
 //! 2. `append` is all or nothing and durable when it returns `Ok`; a record is
-//!    never visible to `claim` before its `append` returned.
+//!    never visible to `claim` before its `append` returned. The other writes
+//!    are atomic too, but a durable backend may let a power loss take back
+//!    the latest of them (never an append acknowledged before them): that
+//!    only makes records pending again, to be sent once more.
 //! 3. A record is either *pending* or *claimed* under a version. Every claimed
 //!    record's version equals the partition's `hwm`: a claim with a higher
 //!    version raises `hwm` and makes every older claim pending again, in the

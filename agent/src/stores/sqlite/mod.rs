@@ -144,6 +144,7 @@ impl Db {
         name: &'static str,
         schema: fn(&Connection) -> StoreResult<()>,
     ) -> StoreResult<Self> {
+        let full = options.synchronous == Synchronous::Full;
         let (write, read) = tokio::task::spawn_blocking(move || {
             let write = connect(&options)?;
             schema(&write)?;
@@ -153,18 +154,31 @@ impl Db {
         .await
         .map_err(|e| StoreError::Unavailable(format!("open task failed: {e}")))??;
         Ok(Db {
-            writer: Writer::start(write, name)?,
+            writer: Writer::start(write, name, full)?,
             reader: Arc::new(Mutex::new(read)),
         })
     }
 
-    /// Runs `work` in the writer's next group transaction.
+    /// Runs `work` in the writer's next group transaction; durable (as the
+    /// store's `synchronous` setting makes it) when it returns.
     pub(crate) async fn write<T, F>(&self, work: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     {
-        self.writer.execute(work).await
+        self.writer.execute(true, work).await
+    }
+
+    /// Like [`Db::write`], but the commit need not be fsynced: it is atomic,
+    /// visible and survives a process crash, but a power loss may take it
+    /// back (with whatever was committed after the last durable write). Only
+    /// for writes whose loss repeats work and loses nothing.
+    pub(crate) async fn write_unsynced<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        self.writer.execute(false, work).await
     }
 
     /// Runs `work` on the read connection, in one read transaction, on the

@@ -1,6 +1,9 @@
 //! The SQLite outbox. Every operation but `stats` is one job of the writer
 //! (so it is atomic and, when answered, committed); `stats` reads on the
-//! read connection.
+//! read connection. Only `append` waits for an fsync: a claim, completion,
+//! release or expiry lost to a power cut makes a record pending again, so it
+//! is sent once more — at-least-once holds — while an acknowledged append
+//! lost would be a message lost.
 
 use std::time::{Duration, SystemTime};
 
@@ -464,7 +467,7 @@ impl OutboxStore for SqliteOutboxStore {
     ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
         let (partition, owner) = (partition.to_owned(), owner.to_owned());
         let stale_after = self.options.stale_claim_duration;
-        Box::pin(self.db.write(move |c| {
+        Box::pin(self.db.write_unsynced(move |c| {
             claim(
                 c,
                 ClaimArgs {
@@ -488,7 +491,7 @@ impl OutboxStore for SqliteOutboxStore {
         let (partition, seqs) = (partition.to_owned(), seqs.to_vec());
         Box::pin(
             self.db
-                .write(move |c| complete(c, &partition, version, &seqs)),
+                .write_unsynced(move |c| complete(c, &partition, version, &seqs)),
         )
     }
 
@@ -502,7 +505,7 @@ impl OutboxStore for SqliteOutboxStore {
         let (partition, seqs) = (partition.to_owned(), seqs.to_vec());
         Box::pin(
             self.db
-                .write(move |c| release(c, &partition, version, &seqs, how)),
+                .write_unsynced(move |c| release(c, &partition, version, &seqs, how)),
         )
     }
 
@@ -515,7 +518,7 @@ impl OutboxStore for SqliteOutboxStore {
         limit: usize,
     ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
         let (partition, owner) = (partition.to_owned(), owner.to_owned());
-        Box::pin(self.db.write(move |c| {
+        Box::pin(self.db.write_unsynced(move |c| {
             expire(
                 c,
                 ClaimArgs {

@@ -7,6 +7,16 @@
 //! `synchronous=FULL` the group shares one fsync. Each caller is answered
 //! only after `COMMIT` returned: an `Ok` is durable.
 //!
+//! Some writes need not survive a power loss because losing one only
+//! repeats work (a claim or a completion of the outbox: the record is sent
+//! again, never lost). They are sent as *unsynced* jobs, and a group made
+//! only of them commits with `synchronous=NORMAL`: atomic, visible, kept
+//! across a process crash, but not fsynced. This is safe to mix with synced
+//! commits because the WAL is one append-only file: the next synced commit's
+//! fsync makes every earlier frame durable too, so a power loss can only
+//! take back a tail of unsynced commits, never one from before an
+//! acknowledged durable write.
+//!
 //! A failing job must not leave half its writes in the group. Jobs write
 //! only with `INSERT`, `UPDATE` and `DELETE`, and SQLite undoes a failed
 //! statement's own changes, so a job that failed without completing any
@@ -42,9 +52,12 @@ trait Job: Send {
     fn run(&mut self, conn: &Connection) -> bool;
     /// Answers the caller with the outcome of the work and of the commit.
     fn answer(self: Box<Self>, commit: &StoreResult<()>);
+    /// Whether its commit must be fsynced (see the module notes).
+    fn synced(&self) -> bool;
 }
 
 struct TypedJob<T, F> {
+    synced: bool,
     work: Option<F>,
     result: Option<StoreResult<T>>,
     reply: oneshot::Sender<StoreResult<T>>,
@@ -77,6 +90,10 @@ where
         // to it, which `Unavailable` already told it to expect.
         let _ = self.reply.send(outcome);
     }
+
+    fn synced(&self) -> bool {
+        self.synced
+    }
 }
 
 /// Handle to the writer thread.
@@ -88,14 +105,16 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer thread on `conn`.
-    pub(crate) fn start(conn: Connection, name: &str) -> StoreResult<Self> {
+    /// Starts the writer thread on `conn`; `full` when the store is
+    /// configured `synchronous=FULL` (then only groups of unsynced jobs
+    /// commit with `NORMAL`).
+    pub(crate) fn start(conn: Connection, name: &str, full: bool) -> StoreResult<Self> {
         let (jobs, rx) = mpsc::channel(CHANNEL_CAPACITY);
         let commits = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&commits);
         let thread = std::thread::Builder::new()
             .name(format!("ferry-sqlite-{name}"))
-            .spawn(move || run(conn, rx, &counter))
+            .spawn(move || run(conn, rx, full, &counter))
             .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
         Ok(Writer {
             jobs,
@@ -105,14 +124,16 @@ impl Writer {
     }
 
     /// Runs `work` in the next group transaction and returns its result once
-    /// the transaction is committed.
-    pub(crate) async fn execute<T, F>(&self, work: F) -> StoreResult<T>
+    /// the transaction is committed (and fsynced if `synced` and the store
+    /// is `synchronous=FULL`).
+    pub(crate) async fn execute<T, F>(&self, synced: bool, work: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         let job = Box::new(TypedJob {
+            synced,
             work: Some(work),
             result: None,
             reply,
@@ -142,13 +163,30 @@ impl Writer {
     }
 }
 
-fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, commits: &AtomicU64) {
+fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, full: bool, commits: &AtomicU64) {
+    // The connection starts as configured.
+    let mut syncing = full;
     while let Some(first) = rx.blocking_recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match rx.try_recv() {
                 Ok(job) => group.push(job),
                 Err(_) => break,
+            }
+        }
+        let sync = full && group.iter().any(|job| job.synced());
+        if sync != syncing {
+            // Set outside the transaction: SQLite refuses it inside one.
+            let level = if sync { "FULL" } else { "NORMAL" };
+            match conn.execute_batch(&format!("PRAGMA synchronous={level}")) {
+                Ok(()) => syncing = sync,
+                Err(e) => {
+                    let error = StoreError::Unavailable(format!("sqlite: {e}"));
+                    for job in group {
+                        job.answer(&Err(error.clone()));
+                    }
+                    continue;
+                }
             }
         }
         if commit_group(&conn, group) {
@@ -207,7 +245,7 @@ mod tests {
         let conn = Connection::open(dir.path().join("w.db")).expect("open");
         conn.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t (x INTEGER UNIQUE)")
             .expect("schema");
-        (Writer::start(conn, "test").expect("start"), dir)
+        (Writer::start(conn, "test", true).expect("start"), dir)
     }
 
     fn insert(x: i64) -> impl FnOnce(&Connection) -> StoreResult<i64> + Send + 'static {
@@ -228,7 +266,11 @@ mod tests {
             // Every tenth job collides with an earlier one and must fail
             // without taking its group down.
             let x = if i % 10 == 9 { i - 1 } else { i };
-            calls.push(tokio::spawn(async move { (i, w.execute(insert(x)).await) }));
+            // Half of them need no fsync: they share groups all the same.
+            let synced = i % 2 == 0;
+            calls.push(tokio::spawn(async move {
+                (i, w.execute(synced, insert(x)).await)
+            }));
         }
         let mut failed = 0;
         for call in calls {
@@ -241,7 +283,7 @@ mod tests {
         // Exactly one of each colliding pair fails.
         assert_eq!(failed, 40);
         let count = w
-            .execute(|c| {
+            .execute(true, |c| {
                 c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get::<_, i64>(0))
                     .map_err(super::super::sql_error)
             })
@@ -257,6 +299,7 @@ mod tests {
     ) -> (Box<dyn Job>, oneshot::Receiver<StoreResult<T>>) {
         let (reply, answer) = oneshot::channel();
         let job = Box::new(TypedJob {
+            synced: true,
             work: Some(work),
             result: None,
             reply,
