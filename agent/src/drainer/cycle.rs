@@ -16,6 +16,7 @@ use crate::metrics::Terminal;
 use crate::routes::{Failure, dispose};
 use crate::stores::{DlqReason, OutboxRecord, Release, StoreResult};
 use crate::transports::{Address, SendError};
+use ferry_shared::config::FailureAction;
 
 /// What a cycle did.
 #[derive(Debug, Default)]
@@ -39,6 +40,8 @@ struct Lane {
 #[derive(Default)]
 struct Outcomes {
     accepted: Vec<OutboxRecord>,
+    /// Expired since the cycle's sweep: `on_expired` applies.
+    expired: Vec<OutboxRecord>,
     dead: Vec<(OutboxRecord, Failure)>,
     failed: BTreeMap<String, Vec<u64>>,
     untried: Vec<u64>,
@@ -47,6 +50,7 @@ struct Outcomes {
 impl Outcomes {
     fn len(&self) -> usize {
         self.accepted.len()
+            + self.expired.len()
             + self.dead.len()
             + self.failed.values().map(Vec::len).sum::<usize>()
             + self.untried.len()
@@ -93,10 +97,11 @@ impl Drainer {
     /// and not yet settled (the crash duplicate window, invariant 2).
     /// Outcomes are written a batch's worth at a time — queued with the
     /// claim they let through, so both share a commit — and the remainder
-    /// once nothing else is in flight. After a failure nothing more is
+    /// once nothing else is in flight. After a failed send nothing more is
     /// claimed and the failed binding's queued records go back untried; the
     /// cycle ends once everything in flight is settled, so the next one
-    /// starts again at the lowest pending `seq` of every binding.
+    /// starts again at the lowest pending `seq` of every binding. After
+    /// `stop` or a failed write every lane stops that way.
     async fn drain(&self, version: u64, stop: &CancellationToken) -> StoreResult<Report> {
         let mut report = Report::default();
         if !*self.connected.borrow() {
@@ -113,16 +118,18 @@ impl Drainer {
         let mut writing_count = 0usize;
         // A claim came back short: the partition is drained.
         let mut more = true;
-        // A send or a claim failed: claim nothing more.
+        // A send, a claim or a write failed, or shutdown: claim nothing more.
         let mut interrupted = false;
+        let mut stopping = false;
         let mut error = None;
         loop {
-            if claiming.is_none()
-                && more
-                && !interrupted
-                && !stop.is_cancelled()
-                && unsettled <= 2 * self.batch
-            {
+            if !stopping && stop.is_cancelled() {
+                // Shutdown: what is in flight finishes, nothing more starts.
+                stopping = true;
+                interrupted = true;
+                halt(&mut lanes, &mut outcomes);
+            }
+            if claiming.is_none() && more && !interrupted && unsettled <= 2 * self.batch {
                 claiming = Some(self.outbox.claim(
                     &self.partition,
                     &self.owner,
@@ -146,6 +153,7 @@ impl Drainer {
             // Outcomes first, so a failing binding stops as early as possible.
             tokio::select! {
                 biased;
+                () = stop.cancelled(), if !stopping => {}
                 Some((record, result)) = sends.next(), if !sends.is_empty() => {
                     // Every record in flight came through its lane.
                     let lane = lanes.entry(record.binding.clone()).or_default();
@@ -179,9 +187,14 @@ impl Drainer {
                 Some(written) = OptionFuture::from(writing.as_mut()), if writing.is_some() => {
                     writing = None;
                     unsettled -= writing_count;
-                    // On failure later writes would fail alike: what is in
-                    // flight is abandoned, its claims are taken back later.
-                    written?;
+                    if let Err(e) = written {
+                        // Those records stay claimed until they are stale.
+                        // Start nothing more; what is in flight finishes and
+                        // its outcome is still written if the store allows.
+                        interrupted = true;
+                        halt(&mut lanes, &mut outcomes);
+                        error.get_or_insert(e);
+                    }
                 }
             }
             self.start_sends(&mut lanes, &mut sends);
@@ -192,8 +205,9 @@ impl Drainer {
         }
     }
 
-    /// Sorts claimed records: expired ones go back untried (the next sweep
-    /// applies `on_expired`), exhausted ones to the DLQ, the rest to their
+    /// Sorts claimed records: expired ones get `on_expired` (here, not in the
+    /// next sweep: a claim of nothing but expired records would otherwise
+    /// come back forever), exhausted ones go to the DLQ, the rest to their
     /// binding's lane, or back untried if that lane has stopped.
     fn enqueue(
         &self,
@@ -204,7 +218,7 @@ impl Drainer {
         let now = SystemTime::now();
         for r in records {
             if r.envelope.is_expired(now) {
-                outcomes.untried.push(r.seq);
+                outcomes.expired.push(r);
             } else if self.exhausted(r.replay_count, r.first_attempt_at, now) {
                 let f = Failure {
                     reason: DlqReason::ReplayExhausted,
@@ -282,66 +296,47 @@ impl Drainer {
         outcomes.dead.push((r, f));
     }
 
-    /// Dead-letters what must be, then writes every outcome (see
+    /// Dead-letters (or drops) what must be, then writes every outcome (see
     /// [`Drainer::settle`]). A record whose DLQ write failed is released
     /// untried and retried.
     async fn write_outcomes(&self, version: u64, outcomes: Outcomes) -> StoreResult<()> {
         let Outcomes {
             accepted,
+            expired,
             dead,
             failed,
             mut untried,
         } = outcomes;
-        let mut done = Vec::new();
-        for (r, failure) in dead {
-            let Some(binding) = self.bindings.get(&r.binding) else {
-                untried.push(r.seq);
-                continue;
-            };
-            match dispose(
-                &self.identity,
-                self.dlq.as_ref(),
-                self.on_permanent_failure,
-                binding,
-                r.id.clone(),
-                &r.envelope,
-                failure,
-                r.created_at,
-                false,
-            )
-            .await
-            {
-                Ok(_) => done.push(r.seq),
-                Err(error) => {
-                    tracing::warn!(partition = %self.partition, seq = r.seq, %error, "dlq write failed; the record is retried");
-                    untried.push(r.seq);
-                }
-            }
-        }
+        let expired = expired.into_iter().map(|r| {
+            let f = expiry_failure(&r);
+            (r, f, self.on_expired)
+        });
+        let dead = dead
+            .into_iter()
+            .map(|(r, f)| (r, f, self.on_permanent_failure));
+        let (done, retry) = self.dispose_all(expired.chain(dead)).await;
+        untried.extend(retry);
         let failed: Vec<(String, Vec<u64>)> = failed.into_iter().collect();
         self.settle(version, &done, &accepted, failed, &untried)
             .await
     }
 
-    async fn finish_expired(&self, version: u64, records: Vec<OutboxRecord>) -> StoreResult<()> {
-        let mut done = Vec::new();
-        let mut retry = Vec::new();
-        for r in records {
+    /// Applies each record's failure action; returns the seqs disposed of and
+    /// those to retry (their DLQ write failed, or their binding is unknown).
+    async fn dispose_all(
+        &self,
+        records: impl Iterator<Item = (OutboxRecord, Failure, FailureAction)>,
+    ) -> (Vec<u64>, Vec<u64>) {
+        let (mut done, mut retry) = (Vec::new(), Vec::new());
+        for (r, failure, action) in records {
             let Some(binding) = self.bindings.get(&r.binding) else {
                 retry.push(r.seq);
                 continue;
             };
-            let failure = Failure {
-                reason: DlqReason::Expired,
-                error: "expired before delivery".into(),
-                attempts: r.replay_count,
-                first_attempt_at: r.first_attempt_at,
-                last_attempt_at: None,
-            };
             match dispose(
                 &self.identity,
                 self.dlq.as_ref(),
-                self.on_expired,
+                action,
                 binding,
                 r.id.clone(),
                 &r.envelope,
@@ -358,6 +353,15 @@ impl Drainer {
                 }
             }
         }
+        (done, retry)
+    }
+
+    async fn finish_expired(&self, version: u64, records: Vec<OutboxRecord>) -> StoreResult<()> {
+        let records = records.into_iter().map(|r| {
+            let f = expiry_failure(&r);
+            (r, f, self.on_expired)
+        });
+        let (done, retry) = self.dispose_all(records).await;
         self.settle(version, &done, &[], Vec::new(), &retry).await
     }
 
@@ -431,5 +435,24 @@ impl Drainer {
                 tracing::debug!(partition = %self.partition, %error, "outbox stats failed")
             }
         }
+    }
+}
+
+/// Stops every lane: its queued records go back untried.
+fn halt(lanes: &mut HashMap<String, Lane>, outcomes: &mut Outcomes) {
+    for lane in lanes.values_mut() {
+        lane.stopped = true;
+        outcomes.untried.extend(lane.queue.drain(..).map(|r| r.seq));
+    }
+}
+
+/// The failure an expired record is disposed of with.
+fn expiry_failure(r: &OutboxRecord) -> Failure {
+    Failure {
+        reason: DlqReason::Expired,
+        error: "expired before delivery".into(),
+        attempts: r.replay_count,
+        first_attempt_at: r.first_attempt_at,
+        last_attempt_at: None,
     }
 }

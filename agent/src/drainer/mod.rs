@@ -15,7 +15,8 @@
 //!    completion re-sends the record: the duplicate window is the records
 //!    claimed and not yet settled — at most 3 × `drain_batch_size` per crash,
 //!    because a batch is claimed only while at most two are unsettled (see
-//!    invariant 6).
+//!    invariant 6). (The expiry sweep claims up to one batch more, but never
+//!    sends it: a crash repeats its DLQ writes, which are idempotent by id.)
 //! 3. **Order per binding.** Records of one binding leave in `seq` order
 //!    (pipelined up to [`SEND_WINDOW`] on the connection, never reordered); a
 //!    failed send stops the later records of its binding in that cycle: those

@@ -316,3 +316,47 @@ async fn a_failure_releases_the_batch_claimed_ahead_untried() {
         "the batch claimed ahead went back untried"
     );
 }
+
+#[tokio::test]
+async fn expired_records_past_the_sweep_are_disposed_of_not_claimed_forever() {
+    let mut f = fixture(None, true, (5, Duration::from_secs(900)));
+    // The sweep takes one batch; the claims meet the other expired records.
+    f.drainer.batch = 2;
+    let past = SystemTime::now() - Duration::from_secs(1);
+    let mut records: Vec<NewRecord> = (0..5)
+        .map(|i| {
+            let e = envelope(&format!("old{i}"), Some(past));
+            NewRecord::new("x", "out/x", e, SystemTime::now())
+        })
+        .collect();
+    records.push(NewRecord::new(
+        "x",
+        "out/x",
+        envelope("live", None),
+        SystemTime::now(),
+    ));
+    f.outbox.append(P, records).await.expect("append");
+    tokio::time::timeout(Duration::from_secs(5), cycle(&f))
+        .await
+        .expect("the cycle ends");
+    let sent = f.sender.sent.lock().expect("lock").clone();
+    assert_eq!(sent, [("out/x".to_owned(), "live".to_owned())]);
+    assert!(f.outbox.dump(P).expect("dump").is_empty());
+    assert_eq!(f.drainer.bindings["x"].metrics.counts().expired, 5);
+}
+
+#[tokio::test]
+async fn a_stopped_cycle_claims_nothing() {
+    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    append(&f, "x", 0..3).await;
+    let stop = CancellationToken::new();
+    stop.cancel();
+    let report = f.drainer.cycle(1, &mut None, &stop).await.expect("cycle");
+    assert_eq!(report.claimed, 0);
+    assert!(f.sender.sent.lock().expect("lock").is_empty());
+    let left = f.outbox.dump(P).expect("dump");
+    assert!(
+        left.iter().all(|r| r.claim.is_none()),
+        "nothing left claimed"
+    );
+}

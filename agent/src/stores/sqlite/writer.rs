@@ -180,6 +180,8 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, full: bool, commi
             let level = if sync { "FULL" } else { "NORMAL" };
             match conn.execute_batch(&format!("PRAGMA synchronous={level}")) {
                 Ok(()) => syncing = sync,
+                // Still syncing: the group commits at the stricter level.
+                Err(_) if syncing => {}
                 Err(e) => {
                     let error = StoreError::Unavailable(format!("sqlite: {e}"));
                     for job in group {
@@ -213,10 +215,19 @@ fn run_group(conn: &Connection, group: &mut [Box<dyn Job>]) -> StoreResult<()> {
     control(conn, "BEGIN IMMEDIATE")?;
     for job in group.iter_mut() {
         let before = conn.total_changes();
-        if !job.run(conn) && conn.total_changes() != before {
-            return Err(StoreError::Unavailable(
-                "rolled back with a write of the same transaction that failed part-way".into(),
-            ));
+        if !job.run(conn) {
+            if conn.is_autocommit() {
+                // SQLite rolled the whole transaction back itself (a full
+                // disk, an I/O error): later jobs must not run outside it.
+                return Err(StoreError::Unavailable(
+                    "the transaction was rolled back by a failed write".into(),
+                ));
+            }
+            if conn.total_changes() != before {
+                return Err(StoreError::Unavailable(
+                    "rolled back with a write of the same transaction that failed part-way".into(),
+                ));
+            }
         }
     }
     control(conn, "COMMIT").map_err(|e| {
