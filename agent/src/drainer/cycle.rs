@@ -36,6 +36,14 @@ struct Lane {
     stopped: bool,
 }
 
+impl Lane {
+    /// Starts nothing more; the queued records go back untried.
+    fn stop(&mut self, outcomes: &mut Outcomes) {
+        self.stopped = true;
+        outcomes.untried.extend(self.queue.drain(..).map(|r| r.seq));
+    }
+}
+
 /// Outcomes waiting to be written.
 #[derive(Default)]
 struct Outcomes {
@@ -163,8 +171,7 @@ impl Drainer {
                         Err(e) => {
                             tracing::debug!(partition = %self.partition, seq = record.seq, binding = %record.binding, error = %e, "send failed");
                             interrupted = true;
-                            lane.stopped = true;
-                            outcomes.untried.extend(lane.queue.drain(..).map(|r| r.seq));
+                            lane.stop(&mut outcomes);
                             self.failed(record, e, &mut outcomes);
                         }
                     }
@@ -441,8 +448,7 @@ impl Drainer {
 /// Stops every lane: its queued records go back untried.
 fn halt(lanes: &mut HashMap<String, Lane>, outcomes: &mut Outcomes) {
     for lane in lanes.values_mut() {
-        lane.stopped = true;
-        outcomes.untried.extend(lane.queue.drain(..).map(|r| r.seq));
+        lane.stop(outcomes);
     }
 }
 
