@@ -40,6 +40,7 @@ fn status(e: StoreError) -> Status {
         StoreError::Invalid(m) => Status::invalid_argument(m),
         StoreError::Stale(m) | StoreError::Conflict(m) => Status::failed_precondition(m),
         StoreError::Corrupt(m) => Status::data_loss(m),
+        StoreError::Full(m) => Status::resource_exhausted(m),
         StoreError::Unavailable(m) => Status::unavailable(m),
         StoreError::Timeout(m) => Status::deadline_exceeded(m),
     }

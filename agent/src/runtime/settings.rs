@@ -107,6 +107,7 @@ fn sqlite(o: &SqliteConfig) -> SqliteOptions {
     let mut options = SqliteOptions::new(&o.path);
     options.synchronous = sync(o.synchronous);
     options.busy_timeout = o.busy_timeout.get();
+    options.max_size_bytes = o.max_size_bytes;
     options
 }
 
@@ -115,6 +116,7 @@ fn sqlite_outbox(o: &SqliteOutboxOptions, stale: Duration) -> SqliteOptions {
     options.synchronous = sync(o.synchronous);
     options.busy_timeout = o.busy_timeout.get();
     options.stale_claim_duration = stale;
+    options.max_size_bytes = o.max_size_bytes;
     options
 }
 

@@ -100,6 +100,10 @@ pub enum StoreError {
     /// A stored row cannot be decoded. The operation was not applied.
     #[error("corrupt: {0}")]
     Corrupt(String),
+    /// The store has no room left (disk full, `max_size_bytes` reached).
+    /// Not applied: the transaction was rolled back.
+    #[error("full: {0}")]
+    Full(String),
     /// The store could not be reached or failed while writing; the
     /// operation may or may not have been applied.
     #[error("unavailable: {0}")]

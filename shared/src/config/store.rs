@@ -173,6 +173,11 @@ pub struct SqliteOptions {
     /// How long a connection waits on a lock before failing. Default 5s.
     #[serde(default = "default_busy_timeout")]
     pub busy_timeout: Duration,
+    /// The largest the database file may grow, in bytes (SQLite `max_page_count`). A write
+    /// that needs more fails as a full store (nothing acknowledged, the source redelivers).
+    /// Default: no limit but the disk's. At least 65536.
+    #[serde(default)]
+    pub max_size_bytes: Option<u64>,
 }
 
 /// Options of an `sqlite` outbox.
@@ -187,6 +192,11 @@ pub struct SqliteOutboxOptions {
     /// How long a connection waits on a lock before failing. Default 5s.
     #[serde(default = "default_busy_timeout")]
     pub busy_timeout: Duration,
+    /// The largest the database file may grow, in bytes (SQLite `max_page_count`). A write
+    /// that needs more fails as a full store (nothing acknowledged, the source redelivers).
+    /// Default: no limit but the disk's. At least 65536.
+    #[serde(default)]
+    pub max_size_bytes: Option<u64>,
     /// After how long the owner's own unfinished claim is handed out again. Default 5m; must
     /// exceed every shared_outbox route's `send_timeout`.
     #[serde(default)]
@@ -253,6 +263,10 @@ pub struct ControlPlaneOptions {
     #[serde(default)]
     pub endpoint: Option<String>,
 }
+
+/// The smallest `max_size_bytes` a SQLite store accepts: 16 pages of 4 KiB, room for its
+/// schema and a few rows.
+pub const SQLITE_MIN_MAX_SIZE: u64 = 65_536;
 
 /// Default SQLite `busy_timeout`.
 pub fn default_busy_timeout() -> Duration {

@@ -58,6 +58,9 @@ pub struct SqliteOptions {
     /// Outbox only: how old an owner's claim must be before `claim` gives it
     /// back to the same owner (default 30 s).
     pub stale_claim_duration: Duration,
+    /// The largest the database file may grow (`max_page_count`); a write
+    /// that needs more fails with [`StoreError::Full`]. `None`: no limit.
+    pub max_size_bytes: Option<u64>,
 }
 
 impl SqliteOptions {
@@ -68,17 +71,20 @@ impl SqliteOptions {
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_secs(5),
             stale_claim_duration: Duration::from_secs(30),
+            max_size_bytes: None,
         }
     }
 }
 
-/// Maps a SQLite error: a lock wait that ran out is `Timeout`; anything else
-/// is `Unavailable` (the caller cannot know more).
+/// Maps a SQLite error: a lock wait that ran out is `Timeout`; a full disk
+/// or size limit is `Full` (SQLite rolled the transaction back); anything
+/// else is `Unavailable` (the caller cannot know more).
 pub(crate) fn sql_error(e: rusqlite::Error) -> StoreError {
     match e.sqlite_error_code() {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
             StoreError::Timeout(format!("sqlite: {e}"))
         }
+        Some(ErrorCode::DiskFull) => StoreError::Full(format!("sqlite: {e}")),
         _ => StoreError::Unavailable(format!("sqlite: {e}")),
     }
 }
@@ -126,6 +132,16 @@ fn connect(options: &SqliteOptions) -> StoreResult<Connection> {
         "PRAGMA synchronous={sync}; PRAGMA foreign_keys=OFF;"
     ))
     .map_err(sql_error)?;
+    if let Some(bytes) = options.max_size_bytes {
+        let page_size: i64 = conn
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .map_err(sql_error)?;
+        let pages = (bytes / to_u64(page_size)?.max(1)).max(1);
+        // Returns the limit in force (never below the current size).
+        let _: i64 = conn
+            .query_row(&format!("PRAGMA max_page_count={pages}"), [], |r| r.get(0))
+            .map_err(sql_error)?;
+    }
     Ok(conn)
 }
 
@@ -215,5 +231,62 @@ impl Db {
     /// connections.
     pub(crate) async fn close(self) {
         self.writer.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::bytes::Bytes;
+
+    use super::*;
+    use crate::stores::conformance::{envelope, sqlite_options, t};
+    use crate::stores::{NewRecord, OutboxStore};
+
+    fn big_record(i: usize) -> NewRecord {
+        let mut e = envelope(&format!("m{i}"));
+        e.payload = Bytes::from(vec![b'x'; 16 * 1024]);
+        NewRecord::new("x", "out", e, t(0))
+    }
+
+    /// `max_size_bytes` is a full disk the tests can make: an append that
+    /// does not fit fails as `Full`, writes nothing, and reopening with room
+    /// lets the same append through.
+    #[tokio::test]
+    async fn an_append_past_max_size_fails_as_full_and_writes_nothing() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let limited = SqliteOptions {
+            max_size_bytes: Some(128 * 1024),
+            ..sqlite_options(&dir, "outbox.db")
+        };
+        let store = SqliteOutboxStore::open(limited.clone())
+            .await
+            .expect("open");
+        let mut appended = 0;
+        let error = loop {
+            match store.append("p", vec![big_record(appended)]).await {
+                Ok(_) => appended += 1,
+                Err(e) => break e,
+            }
+            assert!(appended < 100, "the size limit never applied");
+        };
+        assert!(matches!(error, StoreError::Full(_)), "{error:?}");
+        assert!(error.outcome_known());
+        let stats = store.stats("p").await.expect("stats");
+        assert_eq!(stats.total.depth, appended as u64);
+        store.close().await;
+
+        let store = SqliteOutboxStore::open(SqliteOptions {
+            max_size_bytes: None,
+            ..limited
+        })
+        .await
+        .expect("reopen");
+        store
+            .append("p", vec![big_record(appended)])
+            .await
+            .expect("room again");
+        let stats = store.stats("p").await.expect("stats");
+        assert_eq!(stats.total.depth, appended as u64 + 1);
+        store.close().await;
     }
 }

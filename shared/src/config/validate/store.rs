@@ -2,7 +2,9 @@
 //! lease/outbox pairing.
 
 use super::super::route::DeliveryMode;
-use super::super::store::{DlqStoreConfig, LeaseStoreConfig, MemoryOptions, OutboxStoreConfig};
+use super::super::store::{
+    DlqStoreConfig, LeaseStoreConfig, MemoryOptions, OutboxStoreConfig, SQLITE_MIN_MAX_SIZE,
+};
 use super::{Validator, syntax};
 
 impl Validator<'_> {
@@ -48,6 +50,7 @@ impl Validator<'_> {
             OutboxStoreConfig::Sqlite(o) => {
                 self.non_empty(format!("{base}.path"), &o.path);
                 self.positive(format!("{base}.busy_timeout"), o.busy_timeout);
+                self.sqlite_max_size(format!("{base}.max_size_bytes"), o.max_size_bytes);
             }
             OutboxStoreConfig::Dynamodb(o) => {
                 self.non_empty(format!("{base}.table_name"), &o.table_name);
@@ -94,6 +97,7 @@ impl Validator<'_> {
             LeaseStoreConfig::Sqlite(o) => {
                 self.non_empty(format!("{base}.path"), &o.path);
                 self.positive(format!("{base}.busy_timeout"), o.busy_timeout);
+                self.sqlite_max_size(format!("{base}.max_size_bytes"), o.max_size_bytes);
             }
             LeaseStoreConfig::Dynamodb(o) => {
                 self.non_empty(format!("{base}.table_name"), &o.table_name);
@@ -112,6 +116,7 @@ impl Validator<'_> {
             DlqStoreConfig::Sqlite(o) => {
                 self.non_empty(format!("{base}.path"), &o.path);
                 self.positive(format!("{base}.busy_timeout"), o.busy_timeout);
+                self.sqlite_max_size(format!("{base}.max_size_bytes"), o.max_size_bytes);
             }
             DlqStoreConfig::Dynamodb(o) => {
                 self.non_empty(format!("{base}.table_name"), &o.table_name);
@@ -120,6 +125,17 @@ impl Validator<'_> {
             DlqStoreConfig::ControlPlane(o) => {
                 self.optional_http(format!("{base}.endpoint"), o.endpoint.as_deref());
             }
+        }
+    }
+
+    fn sqlite_max_size(&mut self, path: String, max_size_bytes: Option<u64>) {
+        if let Some(bytes) = max_size_bytes
+            && bytes < SQLITE_MIN_MAX_SIZE
+        {
+            self.error(
+                path,
+                format!("must be at least {SQLITE_MIN_MAX_SIZE} (16 pages), got {bytes}"),
+            );
         }
     }
 
