@@ -74,6 +74,7 @@ pub struct Metrics {
     record_latency: Family<BindingLabels, Histogram, fn() -> Histogram>,
     settle_latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
     lease_held: Family<RouteLabels, Gauge>,
+    redelivered: Family<RouteLabels, Counter>,
     session_connected: Family<SessionLabels, Gauge>,
     session_reconnects: Family<SessionLabels, Counter>,
     /// Every binding handed out, so snapshots can list them in order.
@@ -109,6 +110,7 @@ impl Metrics {
             record_latency: Family::new_with_constructor(latency_histogram),
             settle_latency: Family::new_with_constructor(latency_histogram),
             lease_held: Family::default(),
+            redelivered: Family::default(),
             session_connected: Family::default(),
             session_reconnects: Family::default(),
             bindings: Mutex::new(BTreeMap::new()),
@@ -184,6 +186,12 @@ impl Metrics {
             m.lease_held.clone(),
         );
         registry.register(
+            "messages_redelivered",
+            "Deliveries the source marked as sent before (MQTT DUP): an earlier delivery was not \
+             acknowledged, after a restart, a reconnect or a delivery left to the source",
+            m.redelivered.clone(),
+        );
+        registry.register(
             "session_connected",
             "1 while the session's broker connection is up",
             m.session_connected.clone(),
@@ -232,6 +240,7 @@ impl Metrics {
         RouteMetrics {
             lease_held: self.lease_held.get_or_create_owned(&labels),
             settle_latency: self.settle_latency.get_or_create_owned(&labels),
+            redelivered: self.redelivered.get_or_create_owned(&labels),
         }
     }
 
@@ -403,12 +412,18 @@ impl BindingCounts {
 pub struct RouteMetrics {
     lease_held: Gauge,
     settle_latency: Histogram,
+    redelivered: Counter,
 }
 
 impl RouteMetrics {
     /// Whether this agent holds the route's partition lease.
     pub fn set_lease_held(&self, held: bool) {
         self.lease_held.set(i64::from(held));
+    }
+
+    /// The route took a delivery the source had sent before.
+    pub fn redelivered(&self) {
+        self.redelivered.inc();
     }
 
     /// A source delivery was settled `latency` after it was received.

@@ -5,22 +5,13 @@
 use std::time::Duration;
 
 use ferry_shared::api::v1 as pb;
-use ferry_shared::api::v1::dlq_service_client::DlqServiceClient;
-use ferry_tests::agent::Agent;
 use ferry_tests::mqtt::QoS;
 use ferry_tests::process::{ChildProcess, project_bin};
 use ferry_tests::{Collector, Mosquitto, PublishOptions, ids, publish_seq, publish_seq_with, wait};
 
-use crate::agent_support::{Bridge, quiesced};
+use crate::agent_support::{Bridge, dlq_client, quiesced};
 
 const DELIVERY: Duration = Duration::from_secs(60);
-
-async fn dlq_client(agent: &Agent) -> anyhow::Result<DlqServiceClient<tonic::transport::Channel>> {
-    let channel = tonic::transport::Channel::from_shared(agent.admin_url())?
-        .connect()
-        .await?;
-    Ok(DlqServiceClient::new(channel))
-}
 
 fn binding_filter(binding: &str) -> pb::DlqFilter {
     pb::DlqFilter {

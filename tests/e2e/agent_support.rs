@@ -4,8 +4,10 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use ferry_shared::api::v1::dlq_service_client::DlqServiceClient;
 use ferry_tests::agent::{Agent, BindingCounts};
 use ferry_tests::{ids, wait};
+use tonic::transport::Channel;
 
 /// The shape of one test bridge.
 pub struct Bridge {
@@ -27,6 +29,8 @@ pub struct Bridge {
     pub session: Vec<String>,
     /// Appended to a binding's topic (to make one binding's publishes larger).
     pub address_suffix: std::collections::HashMap<String, String>,
+    /// Lines added under `stores.dlq.options` (e.g. `max_size_bytes: 65536`).
+    pub dlq_options: Vec<String>,
 }
 
 impl Bridge {
@@ -46,6 +50,7 @@ impl Bridge {
                 "step_down_grace: 2s".into(),
             ],
             address_suffix: std::collections::HashMap::new(),
+            dlq_options: Vec::new(),
         }
     }
 
@@ -71,7 +76,7 @@ impl Bridge {
              stores:\n\
              \x20 outbox:\n    type: sqlite\n    options:\n      path: {dir}/outbox.db\n\
              \x20 lease:\n    type: sqlite\n    options:\n      path: {dir}/lease.db\n\
-             \x20 dlq:\n    type: sqlite\n    options:\n      path: {dir}/dlq.db\n\
+             \x20 dlq:\n    type: sqlite\n    options:\n      path: {dir}/dlq.db\n{dlq_options}\
              receivers:\n  - id: in\n    session_id: src\n    topics:\n      - topic: {input}\n        qos: 1\n\
              senders:\n  - id: out\n    session_id: dst\n    options:\n      sender:\n        qos: 1\n\
              bindings:\n",
@@ -79,6 +84,11 @@ impl Bridge {
             dst = self.destination,
             run = self.run,
             input = self.input(),
+            dlq_options = self
+                .dlq_options
+                .iter()
+                .map(|line| format!("      {line}\n"))
+                .collect::<String>(),
         );
         for b in &self.bindings {
             let _ = writeln!(
@@ -118,6 +128,12 @@ impl Bridge {
         agent.wait_ready(Duration::from_secs(20)).await?;
         Ok(agent)
     }
+}
+
+/// A client of the agent's local `DlqService` (on its admin listener).
+pub async fn dlq_client(agent: &Agent) -> anyhow::Result<DlqServiceClient<Channel>> {
+    let channel = Channel::from_shared(agent.admin_url())?.connect().await?;
+    Ok(DlqServiceClient::new(channel))
 }
 
 /// Waits until no binding has messages in flight and the counters of every binding satisfy

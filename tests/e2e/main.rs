@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 mod agent_delivery;
+mod agent_direct_hold;
 mod agent_failures;
 mod agent_support;
 mod control_plane;

@@ -215,6 +215,16 @@ impl Metrics {
             .map_or(0.0, |(_, v)| *v)
     }
 
+    /// The value of `name` whose labels include `route="…"` (0 when absent): a per-route
+    /// metric.
+    pub fn route(&self, name: &str, route: &str) -> f64 {
+        let want = format!("route=\"{route}\"");
+        self.samples
+            .iter()
+            .find(|((n, l), _)| n == name && l.contains(&want))
+            .map_or(0.0, |(_, v)| *v)
+    }
+
     /// The value of `name` whose labels include `session="…"` (0 when absent).
     pub fn session(&self, name: &str, session: &str) -> f64 {
         let want = format!("session=\"{session}\"");

@@ -9,12 +9,25 @@
 //! - A transient failure is retried in process with exponential backoff and
 //!   full jitter while `send_retry_budget` lasts; then, or at once on a
 //!   permanent error, `on_permanent_failure` applies.
-//! - A DLQ write that fails, and shutdown during a retry, leave the delivery
-//!   unsettled: the source redelivers it.
+//! - **Only time the destination could be tried spends the budget.** While
+//!   the sender's session is disconnected a delivery waits for it (no
+//!   attempt, no backoff, no budget); a backoff sleep ends early when the
+//!   session goes down. On reconnect every held delivery is tried at once
+//!   with a fresh backoff, so an outage of any length dead-letters nothing
+//!   and the route resumes as soon as the destination is back.
+//! - **A DLQ write that fails holds its delivery and pauses intake.** The
+//!   write is retried with backoff until it succeeds (the delivery is then
+//!   settled `DeadLettered`) or the route shuts down (left unsettled: the
+//!   source redelivers it). Settling it unacknowledged at once instead would
+//!   block the source's in-order acknowledgements and make it resend the
+//!   whole window behind it, again and again, while the DLQ stays full.
 //! - Up to `max_in_flight` deliveries are handled at once; the receiver
 //!   acknowledges them in receive order whatever order they finish in.
+//! - A delivery the source marks as redelivered is counted once as such
+//!   (`ferry_messages_redelivered_total`) when the route takes it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use ferry_shared::config::Policy;
@@ -29,6 +42,10 @@ use super::{
 use crate::metrics::{RouteMetrics, Terminal};
 use crate::stores::{DlqReason, DlqStore};
 use crate::transports::{Address, Delivery, Outcome, Receiver, SendError, Sender};
+
+/// The longest wait between two attempts to write a DLQ entry: the route is
+/// paused meanwhile, so it resumes at most this long after the store has room.
+const DLQ_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// One `direct_hold` route.
 pub struct DirectHold {
@@ -46,6 +63,13 @@ pub struct DirectHold {
     pub route_metrics: RouteMetrics,
 }
 
+/// A [`DirectHold`] while it runs: the route and its shared state.
+struct Running {
+    route: DirectHold,
+    /// Deliveries whose DLQ write is failing; intake is paused while any is.
+    dlq_failing: AtomicUsize,
+}
+
 impl DirectHold {
     /// Takes deliveries until `shutdown`; then lets deliveries in progress
     /// finish within `grace` (retry waits end at once and leave theirs
@@ -56,15 +80,22 @@ impl DirectHold {
         shutdown: CancellationToken,
         grace: Duration,
     ) {
-        let this = Arc::new(self);
-        let max_in_flight = this.policy.max_in_flight as usize;
+        let this = Arc::new(Running {
+            route: self,
+            dlq_failing: AtomicUsize::new(0),
+        });
+        let max_in_flight = this.route.policy.max_in_flight as usize;
         let mut in_flight = FuturesUnordered::new();
         loop {
+            // Re-evaluated whenever a delivery finishes: a delivery stuck on
+            // its DLQ write finishes only once the write went through.
+            let taking =
+                in_flight.len() < max_in_flight && this.dlq_failing.load(Ordering::Acquire) == 0;
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
-                delivery = receiver.recv(), if in_flight.len() < max_in_flight => {
+                delivery = receiver.recv(), if taking => {
                     match delivery {
                         Some(d) => in_flight.push(Arc::clone(&this).handle(d, shutdown.clone())),
                         None => break,
@@ -76,17 +107,24 @@ impl DirectHold {
             .await
             .is_err()
         {
-            tracing::warn!(route = %this.identity.route_id, "deliveries still running after the grace period; left to the source");
+            tracing::warn!(route = %this.route.identity.route_id, "deliveries still running after the grace period; left to the source");
         }
     }
+}
 
+impl Running {
     async fn handle(self: Arc<Self>, delivery: Delivery, shutdown: CancellationToken) {
         let Delivery {
             envelope,
             defect,
+            redelivered,
             settle,
         } = delivery;
-        let envelope = with_ttl(envelope, self.policy.ttl.map(|d| d.get()));
+        let route = &self.route;
+        if redelivered {
+            route.route_metrics.redelivered();
+        }
+        let envelope = with_ttl(envelope, route.policy.ttl.map(|d| d.get()));
         let received_at = envelope.source.received_at;
         let outcome = match defect {
             Some(defect) => {
@@ -97,14 +135,19 @@ impl DirectHold {
                     first_attempt_at: None,
                     last_attempt_at: None,
                 };
-                self.fail(&envelope, self.policy.on_permanent_failure, failure)
-                    .await
+                self.fail(
+                    &envelope,
+                    route.policy.on_permanent_failure,
+                    failure,
+                    &shutdown,
+                )
+                .await
             }
             None => self.deliver(&envelope, &shutdown).await,
         };
         settle.settle(outcome);
         if outcome.acknowledges() {
-            self.route_metrics.settled_after(
+            route.route_metrics.settled_after(
                 SystemTime::now()
                     .duration_since(received_at)
                     .unwrap_or_default(),
@@ -114,15 +157,33 @@ impl DirectHold {
 
     /// Sends with retries; returns the outcome to settle with.
     async fn deliver(&self, envelope: &Envelope, shutdown: &CancellationToken) -> Outcome {
-        let address = Address::new(self.binding.address.clone());
-        let budget = self.policy.send_retry_budget.get();
-        let b = &self.policy.retry_backoff;
-        let mut backoff =
-            RetryBackoff::new(b.initial_interval.get(), b.max_interval.get(), b.multiplier);
-        let started = Instant::now();
+        let route = &self.route;
+        let address = Address::new(route.binding.address.clone());
+        let mut connected = route.sender.connected();
+        let mut budget = Budget::new(route.policy.send_retry_budget.get());
+        let b = &route.policy.retry_backoff;
+        let new_backoff =
+            || RetryBackoff::new(b.initial_interval.get(), b.max_interval.get(), b.multiplier);
+        let mut backoff = new_backoff();
         let mut first_attempt_at = None;
         let mut attempts = 0u32;
         loop {
+            if !*connected.borrow_and_update() {
+                // Not an attempt and not on the budget: the destination
+                // cannot be tried. Wakes the moment the session is back.
+                let down = Instant::now();
+                let session_alive = tokio::select! {
+                    () = shutdown.cancelled() => return Outcome::Shutdown,
+                    up = connected.wait_for(|up| *up) => up.is_ok(),
+                };
+                if !session_alive {
+                    // The session is gone for good: only shutdown ends it.
+                    shutdown.cancelled().await;
+                    return Outcome::Shutdown;
+                }
+                budget.pause(down.elapsed());
+                backoff = new_backoff();
+            }
             let now = SystemTime::now();
             if envelope.is_expired(now) {
                 let failure = Failure {
@@ -132,14 +193,16 @@ impl DirectHold {
                     first_attempt_at,
                     last_attempt_at: first_attempt_at.map(|_| now),
                 };
-                return self.fail(envelope, self.policy.on_expired, failure).await;
+                return self
+                    .fail(envelope, route.policy.on_expired, failure, shutdown)
+                    .await;
             }
             first_attempt_at.get_or_insert(now);
             attempts += 1;
-            let error = match self.sender.send(envelope, &address).await {
+            let error = match route.sender.send(envelope, &address).await {
                 Ok(()) => {
-                    self.binding.metrics.received(1);
-                    self.binding.metrics.finished(
+                    route.binding.metrics.received(1);
+                    route.binding.metrics.finished(
                         Terminal::Sent,
                         1,
                         SystemTime::now()
@@ -157,13 +220,22 @@ impl DirectHold {
                         last_attempt_at: Some(now),
                     };
                     return self
-                        .fail(envelope, self.policy.on_permanent_failure, failure)
+                        .fail(
+                            envelope,
+                            route.policy.on_permanent_failure,
+                            failure,
+                            shutdown,
+                        )
                         .await;
                 }
                 Err(error) => error,
             };
+            if !*connected.borrow_and_update() {
+                // Lost with the connection: tried again once it is back.
+                continue;
+            }
             let delay = backoff.next_delay();
-            if started.elapsed() + delay > budget {
+            if budget.spent() + delay > budget.limit {
                 let failure = Failure {
                     reason: DlqReason::ReplayExhausted,
                     error: error.to_string(),
@@ -172,42 +244,115 @@ impl DirectHold {
                     last_attempt_at: Some(now),
                 };
                 return self
-                    .fail(envelope, self.policy.on_permanent_failure, failure)
+                    .fail(
+                        envelope,
+                        route.policy.on_permanent_failure,
+                        failure,
+                        shutdown,
+                    )
                     .await;
             }
-            tracing::debug!(route = %self.identity.route_id, message_id = %envelope.id, %error, ?delay, "send failed; retrying");
+            tracing::debug!(route = %route.identity.route_id, message_id = %envelope.id, %error, ?delay, "send failed; retrying");
             tokio::select! {
                 () = shutdown.cancelled() => return Outcome::Shutdown,
                 () = tokio::time::sleep(delay) => {}
+                // Disconnected meanwhile: stop sleeping, wait for the session.
+                Ok(_) = connected.wait_for(|up| !*up) => {}
             }
         }
     }
 
+    /// Applies `action`; a DLQ write that fails is retried (intake paused)
+    /// until it succeeds or the route shuts down.
     async fn fail(
         &self,
         envelope: &Envelope,
         action: ferry_shared::config::FailureAction,
         failure: Failure,
+        shutdown: &CancellationToken,
     ) -> Outcome {
-        match dispose(
-            &self.identity,
-            self.dlq.as_ref(),
-            action,
-            &self.binding,
-            delivery_dlq_id(&envelope.id, &self.binding.id),
-            envelope,
-            failure,
-            envelope.source.received_at,
-            true,
-        )
-        .await
-        {
-            Ok(outcome) => outcome,
-            Err(error) => {
-                tracing::warn!(route = %self.identity.route_id, message_id = %envelope.id, %error, "dlq write failed; left to the source");
-                Outcome::StoreFailure
+        let route = &self.route;
+        let mut backoff: Option<RetryBackoff> = None;
+        loop {
+            let result = dispose(
+                &route.identity,
+                route.dlq.as_ref(),
+                action,
+                &route.binding,
+                delivery_dlq_id(&envelope.id, &route.binding.id),
+                envelope,
+                failure.clone(),
+                envelope.source.received_at,
+                true,
+            )
+            .await;
+            let error = match result {
+                Ok(outcome) => {
+                    if backoff.is_some() {
+                        self.dlq_recovered();
+                    }
+                    return outcome;
+                }
+                Err(error) => error,
+            };
+            let backoff = backoff.get_or_insert_with(|| {
+                self.dlq_failed(&error);
+                let initial = route.policy.retry_backoff.initial_interval.get();
+                RetryBackoff::new(initial, DLQ_RETRY_MAX.max(initial), 2.0)
+            });
+            tracing::debug!(route = %route.identity.route_id, message_id = %envelope.id, %error, "dlq write failed; retrying");
+            tokio::select! {
+                () = shutdown.cancelled() => {
+                    self.dlq_recovered();
+                    tracing::info!(route = %route.identity.route_id, message_id = %envelope.id, "shutting down with a dlq write still failing; left to the source");
+                    return Outcome::StoreFailure;
+                }
+                () = tokio::time::sleep(backoff.next_delay()) => {}
             }
         }
+    }
+
+    /// A delivery's DLQ write failed for the first time: intake pauses (one
+    /// log line when the first delivery gets stuck).
+    fn dlq_failed(&self, error: &crate::stores::StoreError) {
+        if self.dlq_failing.fetch_add(1, Ordering::AcqRel) == 0 {
+            tracing::warn!(route = %self.route.identity.route_id, %error, "dlq write failed; holding the delivery and pausing intake until the dlq takes it");
+        }
+    }
+
+    /// A stuck delivery's DLQ write went through (or was given up at
+    /// shutdown); intake resumes with the last one.
+    fn dlq_recovered(&self) {
+        if self.dlq_failing.fetch_sub(1, Ordering::AcqRel) == 1 {
+            tracing::info!(route = %self.route.identity.route_id, "dlq writable again; intake resumed");
+        }
+    }
+}
+
+/// A delivery's send retry budget: wall time since its first attempt, less
+/// the time its destination's session was down.
+struct Budget {
+    limit: Duration,
+    started: Instant,
+    paused: Duration,
+}
+
+impl Budget {
+    fn new(limit: Duration) -> Self {
+        Self {
+            limit,
+            started: Instant::now(),
+            paused: Duration::ZERO,
+        }
+    }
+
+    /// `time` spent waiting for the session does not count.
+    fn pause(&mut self, time: Duration) {
+        self.paused += time;
+    }
+
+    fn spent(&self) -> Duration {
+        self.started.elapsed().saturating_sub(self.paused)
     }
 }
 
@@ -233,7 +378,8 @@ mod tests {
         }
     }
 
-    /// Fails the first `failures` sends with a transient error, then accepts.
+    /// Fails while disconnected and the first `failures` sends with a
+    /// transient error, then accepts.
     struct Flaky {
         failures: Mutex<u32>,
         connected: watch::Receiver<bool>,
@@ -242,7 +388,9 @@ mod tests {
     impl Sender for Flaky {
         fn send<'a>(&'a self, _: &'a Envelope, _: &'a Address) -> SendFuture<'a> {
             let mut left = self.failures.lock().expect("lock");
-            let result = if *left > 0 {
+            let result = if !*self.connected.borrow() {
+                Err(SendError::Transient("not connected".into()))
+            } else if *left > 0 {
                 *left -= 1;
                 Err(SendError::Transient("down".into()))
             } else {
@@ -278,8 +426,15 @@ mod tests {
     async fn run_one(
         failures: u32,
     ) -> (Outcome, crate::metrics::BindingCounts, Arc<MemoryDlqStore>) {
+        run_with(failures, watch::channel(true).1).await
+    }
+
+    /// [`run_one`] with the sender's session state given.
+    async fn run_with(
+        failures: u32,
+        connected: watch::Receiver<bool>,
+    ) -> (Outcome, crate::metrics::BindingCounts, Arc<MemoryDlqStore>) {
         let metrics = Metrics::new();
-        let (_tx, connected) = watch::channel(true);
         let dlq = Arc::new(MemoryDlqStore::new());
         let mut policy = Policy::default();
         policy.retry_backoff.initial_interval = D::from_millis(1);
@@ -310,6 +465,7 @@ mod tests {
         tx.send(Delivery {
             envelope: envelope(),
             defect: None,
+            redelivered: false,
             settle: SettleHandle::new(move |o| {
                 settled_tx.send(o).ok();
             }),
@@ -333,6 +489,24 @@ mod tests {
         let (outcome, counts, _) = run_one(3).await;
         assert_eq!(outcome, Outcome::Sent);
         assert_eq!((counts.received, counts.sent, counts.in_flight), (1, 1, 0));
+    }
+
+    /// The session is down for three times the 200 ms budget: the delivery
+    /// waits for it (no attempt, no budget spent) and is sent once it is up.
+    #[tokio::test]
+    async fn time_disconnected_does_not_spend_the_retry_budget() {
+        let (up, connected) = watch::channel(false);
+        let reconnect = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            up.send(true).ok();
+            up
+        });
+        let (outcome, counts, dlq) = run_with(0, connected).await;
+        assert_eq!(outcome, Outcome::Sent);
+        assert_eq!((counts.sent, counts.dead_lettered), (1, 0));
+        let stats = dlq.stats(&DlqFilter::default()).await.expect("stats");
+        assert_eq!(stats.total, 0);
+        drop(reconnect.await);
     }
 
     #[tokio::test]

@@ -151,8 +151,12 @@ impl OutboxWriter {
         let Delivery {
             envelope,
             defect,
+            redelivered,
             settle,
         } = delivery;
+        if redelivered {
+            self.route_metrics.redelivered();
+        }
         let envelope = with_ttl(envelope, self.policy.ttl.map(|d| d.get()));
         let received_at = envelope.source.received_at;
         let now = SystemTime::now();

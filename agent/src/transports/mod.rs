@@ -138,6 +138,10 @@ pub struct Delivery {
     /// topic): the route applies its policy (dead-letter or drop, counted) and
     /// settles it like any other delivery.
     pub defect: Option<Defect>,
+    /// The source marked it as sent before (MQTT DUP flag): an earlier
+    /// delivery of it was not acknowledged. Counted, so duplicates caused
+    /// upstream of Ferry's sends show as such.
+    pub redelivered: bool,
     /// Settles the delivery at the source.
     pub settle: SettleHandle,
 }
@@ -148,6 +152,7 @@ impl fmt::Debug for Delivery {
             .field("id", &self.envelope.id)
             .field("address", &self.envelope.source.address)
             .field("defect", &self.defect)
+            .field("redelivered", &self.redelivered)
             .finish_non_exhaustive()
     }
 }

@@ -159,6 +159,7 @@ mod tests {
             topic: Bytes::from_static(b"sensors/1"),
             qos: Qos::AtLeastOnce,
             pkid: 7,
+            dup: false,
             payload: Bytes::from_static(b"hello"),
             properties,
         }

@@ -29,6 +29,8 @@ pub(crate) struct Received {
     pub topic: Bytes,
     pub qos: Qos,
     pub pkid: u16,
+    /// The DUP flag: the broker sent it before on this session.
+    pub dup: bool,
     pub payload: Bytes,
     /// v5 only.
     pub properties: Option<PublishProperties>,
@@ -337,6 +339,7 @@ fn incoming_v5(packet: PacketV5) -> Event {
             topic: p.topic,
             qos: from_v5(p.qos),
             pkid: p.pkid,
+            dup: p.dup,
             payload: p.payload,
             properties: p.properties,
         }),
@@ -370,6 +373,7 @@ fn incoming_v3(packet: rumqttc::Packet) -> Event {
             topic: Bytes::from(p.topic.into_bytes()),
             qos: from_v3(p.qos),
             pkid: p.pkid,
+            dup: p.dup,
             payload: p.payload,
             properties: None,
         }),

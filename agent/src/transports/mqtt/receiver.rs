@@ -302,6 +302,7 @@ impl ReceiverFeed {
     pub fn on_publish(&mut self, received: Received) {
         let qos = received.qos;
         let pkid = received.pkid;
+        let redelivered = received.dup;
         let (envelope, defect) = envelope_from(
             received,
             &self.session_id,
@@ -332,6 +333,7 @@ impl ReceiverFeed {
         let delivery = Delivery {
             envelope,
             defect,
+            redelivered,
             settle,
         };
         self.deliver(delivery, qos);
@@ -443,6 +445,7 @@ mod tests {
             topic: prost::bytes::Bytes::from_static(b"t"),
             qos: Qos::AtLeastOnce,
             pkid,
+            dup: false,
             payload: prost::bytes::Bytes::from(pkid.to_string()),
             properties: None,
         }
