@@ -6,6 +6,8 @@
 //!   encoding the outbox, the DLQ and the API share.
 //! - [`dlq`]: dead-letter reasons, filters and counts with their `ferry.v1`
 //!   forms, and the request checks both DLQ services share.
+//! - [`lease`]: the lease rules (grant, renew, release and the fencing
+//!   argument) every lease backend of both halves applies.
 //! - [`config`]: the bridge configuration model (the YAML document), its
 //!   loading with `${VAR}` expansion, and the pure validator both halves run.
 //!
@@ -16,3 +18,4 @@ pub mod api;
 pub mod config;
 pub mod dlq;
 pub mod envelope;
+pub mod lease;

@@ -1,8 +1,13 @@
-//! Lease types and the grant rules every backend applies the same way: a
-//! backend loads a key's [`LeaseState`], calls [`acquire`], [`renew`] or
-//! [`release`], and stores the state they return in the same transaction.
+//! Lease types, and the shared lease rules ([`ferry_shared::lease`], with
+//! their fencing argument) in the agent's terms: a backend loads a key's
+//! [`LeaseState`], calls [`acquire`], [`renew`] or [`release`], and stores
+//! the state they return in the same transaction.
 
 use std::time::{Duration, SystemTime};
+
+use ferry_shared::lease::{
+    self as rules, AcquireDecision, LeaseRuleError, LeaseView, ReleaseDecision,
+};
 
 use super::{StoreError, StoreResult};
 
@@ -69,22 +74,28 @@ impl LeaseState {
     }
 }
 
-fn check(key: &str, holder: &str) -> StoreResult<()> {
-    if key.is_empty() {
-        return Err(StoreError::Invalid("empty lease key".into()));
+impl LeaseState {
+    /// The row as the shared rules see it.
+    fn view(&self) -> LeaseView<'_> {
+        LeaseView {
+            version: self.version,
+            holder: self.grant.as_ref().map(|g| g.holder.as_str()),
+            expires_at: self
+                .grant
+                .as_ref()
+                .map_or(SystemTime::UNIX_EPOCH, |g| g.expires_at),
+        }
     }
-    if holder.is_empty() {
-        return Err(StoreError::Invalid("empty lease holder".into()));
-    }
-    Ok(())
 }
 
-fn expiry(now: SystemTime, ttl: Duration) -> StoreResult<SystemTime> {
-    if ttl.is_zero() {
-        return Err(StoreError::Invalid("lease ttl must be positive".into()));
+/// The agent's form of a refusal of the shared rules: a lost lease is
+/// `Stale` (fenced out, certainly not applied).
+fn refused(e: LeaseRuleError) -> StoreError {
+    match e {
+        LeaseRuleError::Invalid(m) => StoreError::Invalid(m),
+        LeaseRuleError::Lost { .. } => StoreError::Stale(e.to_string()),
+        LeaseRuleError::Exhausted(_) => StoreError::Conflict(e.to_string()),
     }
-    now.checked_add(ttl)
-        .ok_or_else(|| StoreError::Invalid("lease ttl overflows the clock".into()))
 }
 
 /// Applies an acquire to `current` (`None` for a key never granted). Returns
@@ -96,51 +107,43 @@ pub(crate) fn acquire(
     ttl: Duration,
     now: SystemTime,
 ) -> StoreResult<(LeaseState, Acquired)> {
-    check(key, holder)?;
-    let expires_at = expiry(now, ttl)?;
+    let decision = rules::decide_acquire(
+        current.as_ref().map(LeaseState::view),
+        key,
+        holder,
+        ttl,
+        now,
+    )
+    .map_err(refused)?;
     let mut state = current.unwrap_or_else(|| LeaseState {
         key: key.to_owned(),
         version: 0,
         grant: None,
     });
-    match state.live_grant(now) {
-        Some(g) if g.holder != holder => {
-            let lease = state.lease(g);
-            return Ok((state, Acquired::HeldByOther(lease)));
+    match decision {
+        AcquireDecision::HeldByOther => {
+            let other = state
+                .grant
+                .as_ref()
+                .map(|g| state.lease(g))
+                .ok_or_else(|| StoreError::Corrupt(format!("lease {key}: held without a grant")))?;
+            Ok((state, Acquired::HeldByOther(other)))
         }
-        // The same holder, unexpired: same version, later expiry.
-        Some(g) => {
-            let acquired_at = g.acquired_at;
-            state.grant = Some(Grant {
-                holder: holder.to_owned(),
-                acquired_at,
-                expires_at,
-            });
-        }
-        // Free or expired: a new grant, always above every earlier one.
-        None => {
-            state.version = state
-                .version
-                .checked_add(1)
-                .ok_or_else(|| StoreError::Conflict(format!("lease {key}: versions exhausted")))?;
-            state.grant = Some(Grant {
+        AcquireDecision::Grant {
+            version,
+            expires_at,
+        } => {
+            let grant = Grant {
                 holder: holder.to_owned(),
                 acquired_at: now,
                 expires_at,
-            });
+            };
+            state.version = version;
+            let lease = state.lease(&grant);
+            state.grant = Some(grant);
+            Ok((state, Acquired::Granted(lease)))
         }
     }
-    let lease = match &state.grant {
-        Some(g) => state.lease(g),
-        None => return Err(StoreError::Conflict(format!("lease {key}: not granted"))),
-    };
-    Ok((state, Acquired::Granted(lease)))
-}
-
-fn lost(key: &str, holder: &str, version: u64) -> StoreError {
-    StoreError::Stale(format!(
-        "lease {key} is not held by {holder} at version {version}"
-    ))
 }
 
 /// Applies a renew: only the unexpired holder at `version` may.
@@ -152,38 +155,40 @@ pub(crate) fn renew(
     ttl: Duration,
     now: SystemTime,
 ) -> StoreResult<(LeaseState, Lease)> {
-    check(key, holder)?;
-    let expires_at = expiry(now, ttl)?;
-    let mut state = current.ok_or_else(|| StoreError::NotFound(format!("lease {key}")))?;
-    let acquired_at = match state.live_grant(now) {
-        Some(g) if g.holder == holder && state.version == version => g.acquired_at,
-        _ => return Err(lost(key, holder, version)),
-    };
-    let grant = Grant {
-        holder: holder.to_owned(),
-        acquired_at,
-        expires_at,
-    };
+    let expires_at = rules::decide_renew(
+        current.as_ref().map(LeaseState::view),
+        key,
+        holder,
+        version,
+        ttl,
+        now,
+    )
+    .map_err(refused)?;
+    let mut state = current.ok_or_else(|| StoreError::Stale(format!("lease {key}")))?;
+    let grant = state
+        .grant
+        .take()
+        .map(|g| Grant { expires_at, ..g })
+        .ok_or_else(|| StoreError::Stale(format!("lease {key}")))?;
     let lease = state.lease(&grant);
     state.grant = Some(grant);
     Ok((state, lease))
 }
 
-/// Applies a release: only the holder at `version` may (also after expiry,
-/// as long as nobody else took it).
+/// Applies a release: the holder at `version` may (also after expiry, as
+/// long as nobody else took it), and may again once released.
 pub(crate) fn release(
     current: Option<LeaseState>,
     key: &str,
     holder: &str,
     version: u64,
 ) -> StoreResult<LeaseState> {
-    check(key, holder)?;
-    let mut state = current.ok_or_else(|| StoreError::NotFound(format!("lease {key}")))?;
-    match &state.grant {
-        Some(g) if g.holder == holder && state.version == version => {
-            state.grant = None;
-            Ok(state)
-        }
-        _ => Err(lost(key, holder, version)),
+    let decision =
+        rules::decide_release(current.as_ref().map(LeaseState::view), key, holder, version)
+            .map_err(refused)?;
+    let mut state = current.ok_or_else(|| StoreError::Stale(format!("lease {key}")))?;
+    if decision == ReleaseDecision::Release {
+        state.grant = None;
     }
+    Ok(state)
 }

@@ -41,10 +41,11 @@
 //!
 //! # Leases
 //!
-//! A lease key has at most one unexpired holder. A grant to a new holder, or
-//! after expiry or release, carries `last version + 1`; a re-acquire by the
-//! current holder before expiry keeps its version and extends the expiry.
-//! Versions are durable in durable backends; the `memory` backend restarts
+//! The rules are [`ferry_shared::lease`]'s, the same for every backend of
+//! both halves: a lease key has at most one unexpired holder; every acquire
+//! that is granted carries `last version + 1` (also the holder's own, so a
+//! restart under the same id fences out the previous run); only renew
+//! extends a live grant; release is repeatable. Versions are durable in durable backends; the `memory` backend restarts
 //! from zero, which is why a memory lease must never fence a durable outbox.
 //!
 //! # Errors say what is known
@@ -187,7 +188,7 @@ pub trait OutboxStore: Send + Sync + 'static {
 /// Leases with fencing versions (see the module invariants).
 pub trait LeaseStore: Send + Sync + 'static {
     /// Takes `key` for `holder` for `ttl` when it is free, expired, or
-    /// already held by `holder` (which keeps its version).
+    /// already held by `holder`, always at a new version.
     fn acquire<'a>(
         &'a self,
         key: &'a str,
@@ -197,7 +198,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, StoreResult<Acquired>>;
 
     /// Extends the lease `holder` holds at `version` to `now + ttl`. `Stale`
-    /// when it expired, was released or is held by someone else.
+    /// when it expired, was released, is held by someone else or unknown.
     fn renew<'a>(
         &'a self,
         key: &'a str,
@@ -207,8 +208,9 @@ pub trait LeaseStore: Send + Sync + 'static {
         now: SystemTime,
     ) -> BoxFuture<'a, StoreResult<Lease>>;
 
-    /// Gives the lease up so another holder can take it at once. `Stale` when
-    /// `holder` does not hold it at `version`; `NotFound` for an unknown key.
+    /// Gives the lease up so another holder can take it at once; `Ok` again
+    /// when `holder` already released it at `version`. `Stale` when `holder`
+    /// does not hold it at `version` (unknown key, another holder).
     fn release<'a>(
         &'a self,
         key: &'a str,

@@ -36,18 +36,6 @@ pub(crate) fn opt_time_to_db(time: Option<SystemTime>) -> StateResult<Option<i64
     time.map(time_to_db).transpose()
 }
 
-/// `now + ttl` as stored, refusing a zero TTL.
-pub(crate) fn expiry(now: SystemTime, ttl: Duration) -> StateResult<SystemTime> {
-    if ttl.is_zero() {
-        return Err(StateError::invalid("the lease ttl must be positive"));
-    }
-    let expires = now
-        .checked_add(ttl)
-        .ok_or_else(|| StateError::invalid("the lease ttl is too large"))?;
-    time_to_db(expires)?;
-    Ok(expires)
-}
-
 /// A version (or count) as stored.
 pub(crate) fn u64_to_db(value: u64) -> StateResult<i64> {
     i64::try_from(value).map_err(|_| StateError::invalid(format!("{value} is too large to store")))

@@ -1,17 +1,13 @@
-//! Lease decisions, shared by every backend. A backend reads the key's row
-//! under a write lock, asks these functions what the row becomes, writes it
-//! and commits; the rules live here once.
-//!
-//! Rules: a free (never held or released) or expired lease goes to a new
-//! holder at `last version + 1`; the same holder re-acquiring keeps its
-//! version and gets a new expiry (also after its expiry, as long as nobody
-//! took it meanwhile: no other holder ever had a version in between); a live
-//! lease of another holder is reported, not changed. Renew and release need
-//! the holder and version of the row.
+//! Leases in the state store's terms. The rules, and why they fence, are
+//! [`ferry_shared::lease`]'s — the same ones the agent's lease stores apply.
+//! A backend reads the key's row under a write lock, asks these functions
+//! what the row becomes, writes it and commits.
 
 use std::time::{Duration, SystemTime};
 
-use super::codec::{expiry, require_id};
+use ferry_shared::lease::{self as rules, LeaseRuleError, LeaseView, ReleaseDecision};
+
+use super::codec::time_to_db;
 use super::error::{StateError, StateResult};
 use super::types::{Lease, LeaseAcquisition};
 
@@ -37,6 +33,36 @@ impl AcquireDecision {
     }
 }
 
+fn view(lease: &Lease) -> LeaseView<'_> {
+    LeaseView {
+        version: lease.version,
+        holder: lease.holder.as_deref(),
+        expires_at: lease.expires_at,
+    }
+}
+
+fn refused(e: LeaseRuleError) -> StateError {
+    match e {
+        LeaseRuleError::Invalid(m) => StateError::invalid(m),
+        LeaseRuleError::Lost {
+            key,
+            holder,
+            version,
+        } => StateError::LeaseLost {
+            key,
+            holder,
+            version,
+        },
+        LeaseRuleError::Exhausted(_) => StateError::corrupt(e.to_string()),
+    }
+}
+
+/// An expiry the store can hold (the rules check the ttl, the store its range).
+fn storable(expires_at: SystemTime) -> StateResult<SystemTime> {
+    time_to_db(expires_at)?;
+    Ok(expires_at)
+}
+
 /// Decides an acquire of `key` by `holder` given the key's current row.
 pub(crate) fn decide_acquire(
     current: Option<Lease>,
@@ -45,37 +71,22 @@ pub(crate) fn decide_acquire(
     ttl: Duration,
     now: SystemTime,
 ) -> StateResult<AcquireDecision> {
-    require_id("lease key", key)?;
-    require_id("lease holder", holder)?;
-    let expires_at = expiry(now, ttl)?;
-    let Some(current) = current else {
-        return Ok(AcquireDecision::Grant(Lease {
+    match rules::decide_acquire(current.as_ref().map(view), key, holder, ttl, now)
+        .map_err(refused)?
+    {
+        rules::AcquireDecision::Grant {
+            version,
+            expires_at,
+        } => Ok(AcquireDecision::Grant(Lease {
             key: key.to_owned(),
             holder: Some(holder.to_owned()),
-            version: 1,
+            version,
             acquired_at: now,
-            expires_at,
-        }));
-    };
-    match current.holder.as_deref() {
-        Some(h) if h == holder => Ok(AcquireDecision::Grant(Lease {
-            expires_at,
-            ..current
+            expires_at: storable(expires_at)?,
         })),
-        Some(_) if now < current.expires_at => Ok(AcquireDecision::HeldByOther(current)),
-        _ => {
-            let version = current
-                .version
-                .checked_add(1)
-                .ok_or_else(|| StateError::corrupt(format!("lease {key:?} version overflow")))?;
-            Ok(AcquireDecision::Grant(Lease {
-                key: key.to_owned(),
-                holder: Some(holder.to_owned()),
-                version,
-                acquired_at: now,
-                expires_at,
-            }))
-        }
+        rules::AcquireDecision::HeldByOther => current
+            .map(AcquireDecision::HeldByOther)
+            .ok_or_else(|| StateError::corrupt(format!("lease {key:?} held without a row"))),
     }
 }
 
@@ -88,16 +99,15 @@ pub(crate) fn decide_renew(
     ttl: Duration,
     now: SystemTime,
 ) -> StateResult<Lease> {
-    require_id("lease key", key)?;
-    require_id("lease holder", holder)?;
-    let expires_at = expiry(now, ttl)?;
-    match current {
-        Some(lease) if is_held_by(&lease, holder, version) => Ok(Lease {
-            expires_at,
-            ..lease
-        }),
-        _ => Err(lost(key, holder, version)),
-    }
+    let expires_at =
+        rules::decide_renew(current.as_ref().map(view), key, holder, version, ttl, now)
+            .map_err(refused)?;
+    let lease = current
+        .ok_or_else(|| StateError::corrupt(format!("lease {key:?} renewed without a row")))?;
+    Ok(Lease {
+        expires_at: storable(expires_at)?,
+        ..lease
+    })
 }
 
 /// Decides a release: the new row (`None`: already released by this
@@ -108,27 +118,14 @@ pub(crate) fn decide_release(
     holder: &str,
     version: u64,
 ) -> StateResult<Option<Lease>> {
-    require_id("lease key", key)?;
-    require_id("lease holder", holder)?;
-    match current {
-        Some(lease) if is_held_by(&lease, holder, version) => Ok(Some(Lease {
+    let decision =
+        rules::decide_release(current.as_ref().map(view), key, holder, version).map_err(refused)?;
+    match (decision, current) {
+        (ReleaseDecision::Release, Some(lease)) => Ok(Some(Lease {
             holder: None,
             ..lease
         })),
-        Some(lease) if lease.holder.is_none() && lease.version == version => Ok(None),
-        _ => Err(lost(key, holder, version)),
-    }
-}
-
-fn is_held_by(lease: &Lease, holder: &str, version: u64) -> bool {
-    lease.holder.as_deref() == Some(holder) && lease.version == version
-}
-
-fn lost(key: &str, holder: &str, version: u64) -> StateError {
-    StateError::LeaseLost {
-        key: key.to_owned(),
-        holder: holder.to_owned(),
-        version,
+        _ => Ok(None),
     }
 }
 
@@ -151,51 +148,27 @@ mod tests {
         }
     }
 
+    /// The shared rules' outcomes in rows: their own tests cover the rules.
     #[test]
-    fn acquire_rules() {
+    fn decisions_become_rows() {
         let first = granted(decide_acquire(None, "k", "a", TTL, at(0)).unwrap());
-        assert_eq!(first.version, 1);
-        let again = granted(decide_acquire(Some(first.clone()), "k", "a", TTL, at(5)).unwrap());
-        assert_eq!((again.version, again.expires_at), (1, at(15)));
+        assert_eq!(
+            (first.version, first.holder.as_deref(), first.expires_at),
+            (1, Some("a"), at(10))
+        );
+        let held = decide_acquire(Some(first.clone()), "k", "b", TTL, at(5)).unwrap();
+        assert_eq!(held, AcquireDecision::HeldByOther(first.clone()));
+        let renewed = decide_renew(Some(first.clone()), "k", "a", 1, TTL, at(5)).unwrap();
+        assert_eq!((renewed.acquired_at, renewed.expires_at), (at(0), at(15)));
+        let released = decide_release(Some(renewed), "k", "a", 1).unwrap().unwrap();
+        assert_eq!((released.holder.as_deref(), released.version), (None, 1));
+        assert_eq!(decide_release(Some(released), "k", "a", 1).unwrap(), None);
         assert!(matches!(
-            decide_acquire(Some(again.clone()), "k", "b", TTL, at(14)).unwrap(),
-            AcquireDecision::HeldByOther(_)
+            decide_renew(None, "k", "a", 1, TTL, at(0)),
+            Err(StateError::LeaseLost { .. })
         ));
-        let taken = granted(decide_acquire(Some(again), "k", "b", TTL, at(15)).unwrap());
-        assert_eq!((taken.version, taken.holder.as_deref()), (2, Some("b")));
-        let released = decide_release(Some(taken), "k", "b", 2).unwrap().unwrap();
-        let next = granted(decide_acquire(Some(released), "k", "a", TTL, at(16)).unwrap());
-        assert_eq!(next.version, 3);
-    }
-
-    #[test]
-    fn renew_and_release_need_holder_and_version() {
-        let lease = granted(decide_acquire(None, "k", "a", TTL, at(0)).unwrap());
-        assert!(decide_renew(Some(lease.clone()), "k", "b", 1, TTL, at(1)).is_err());
-        assert!(decide_renew(Some(lease.clone()), "k", "a", 2, TTL, at(1)).is_err());
-        assert_eq!(
-            decide_renew(Some(lease.clone()), "k", "a", 1, TTL, at(1))
-                .unwrap()
-                .expires_at,
-            at(11)
-        );
-        assert!(decide_release(Some(lease.clone()), "k", "b", 1).is_err());
-        let released = decide_release(Some(lease), "k", "a", 1).unwrap().unwrap();
-        assert_eq!(
-            decide_release(Some(released.clone()), "k", "a", 1).unwrap(),
-            None
-        );
-        assert!(decide_renew(Some(released), "k", "a", 1, TTL, at(2)).is_err());
-    }
-
-    #[test]
-    fn invalid_requests() {
         assert!(matches!(
             decide_acquire(None, "", "a", TTL, at(0)),
-            Err(StateError::Invalid(_))
-        ));
-        assert!(matches!(
-            decide_acquire(None, "k", "a", Duration::ZERO, at(0)),
             Err(StateError::Invalid(_))
         ));
     }

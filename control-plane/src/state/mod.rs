@@ -143,8 +143,9 @@ pub trait StateStore: Send + Sync + 'static {
 
     // --- leases -------------------------------------------------------------
 
-    /// Takes the lease when free, expired, or already held by `holder` (who
-    /// keeps its version); otherwise reports the live holder.
+    /// Takes the lease when free, expired, or already held by `holder`,
+    /// always at a new version; otherwise reports the live holder (rules:
+    /// [`ferry_shared::lease`]).
     fn acquire_lease<'a>(
         &'a self,
         key: &'a str,
@@ -153,8 +154,8 @@ pub trait StateStore: Send + Sync + 'static {
         now: SystemTime,
     ) -> StoreFuture<'a, LeaseAcquisition>;
 
-    /// Extends the lease to `now + ttl`; only `holder` at `version` may
-    /// (`LeaseLost` otherwise).
+    /// Extends the lease to `now + ttl`; only `holder` at `version`, before
+    /// it expired, may (`LeaseLost` otherwise).
     fn renew_lease<'a>(
         &'a self,
         key: &'a str,

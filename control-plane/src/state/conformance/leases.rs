@@ -25,10 +25,11 @@ pub(crate) async fn lease_versions_strictly_increase(backend: &impl TestBackend)
     assert_eq!((first.version, first.holder.as_deref()), (1, Some("a")));
     assert_eq!((first.acquired_at, first.expires_at), (at(0), at(10)));
 
+    // The holder itself acquiring again (a restart under the same id): a new version.
     let again = granted(&store, &key, "a", 4).await;
     assert_eq!(
         (again.version, again.acquired_at, again.expires_at),
-        (1, at(0), at(14))
+        (2, at(4), at(14))
     );
 
     match store.acquire_lease(&key, "b", TTL, at(13)).await.unwrap() {
@@ -36,16 +37,21 @@ pub(crate) async fn lease_versions_strictly_increase(backend: &impl TestBackend)
         other => panic!("expected held by a, got {other:?}"),
     }
     let taken = granted(&store, &key, "b", 14).await;
-    assert_eq!((taken.version, taken.holder.as_deref()), (2, Some("b")));
+    assert_eq!((taken.version, taken.holder.as_deref()), (3, Some("b")));
 
-    let renewed = store.renew_lease(&key, "b", 2, TTL, at(20)).await.unwrap();
-    assert_eq!((renewed.version, renewed.expires_at), (2, at(30)));
-    store.release_lease(&key, "b", 2).await.unwrap();
+    let renewed = store.renew_lease(&key, "b", 3, TTL, at(20)).await.unwrap();
+    assert_eq!((renewed.version, renewed.expires_at), (3, at(30)));
+    store.release_lease(&key, "b", 3).await.unwrap();
     let after_release = granted(&store, &key, "a", 21).await;
-    assert_eq!(after_release.version, 3);
+    assert_eq!(after_release.version, 4);
     // The same holder, after its lease expired but before anybody took it,
-    // keeps its version.
-    assert_eq!(granted(&store, &key, "a", 100).await.version, 3);
+    // gets a new version too (it cannot renew the expired one).
+    let lost = store.renew_lease(&key, "a", 4, TTL, at(100)).await;
+    assert!(
+        matches!(lost, Err(StateError::LeaseLost { .. })),
+        "{lost:?}"
+    );
+    assert_eq!(granted(&store, &key, "a", 100).await.version, 5);
 }
 
 pub(crate) async fn lease_renew_and_release_only_by_holder(backend: &impl TestBackend) {
