@@ -24,11 +24,12 @@ use futures::stream::FuturesUnordered;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Failure, RetryBackoff, RouteBinding, RouteIdentity, delivery_dlq_id, dispose, with_ttl,
+    Failure, RetryBackoff, RouteBinding, RouteIdentity, delivery_dlq_id, dispose,
+    permanent_failure, with_ttl,
 };
 use crate::metrics::{RouteMetrics, Terminal};
 use crate::stores::{DlqReason, DlqStore};
-use crate::transports::{Address, Delivery, Outcome, Receiver, SendError, Sender};
+use crate::transports::{Address, Delivery, Outcome, Receiver, Sender};
 
 /// One `direct_hold` route.
 pub struct DirectHold {
@@ -91,7 +92,7 @@ impl DirectHold {
         let outcome = match defect {
             Some(defect) => {
                 let failure = Failure {
-                    reason: DlqReason::PermanentError,
+                    reason: defect.dlq_reason(),
                     error: defect.to_string(),
                     attempts: 0,
                     first_attempt_at: None,
@@ -148,9 +149,10 @@ impl DirectHold {
                     );
                     return Outcome::Sent;
                 }
-                Err(SendError::Permanent(error)) => {
+                Err(error) if error.is_permanent() => {
+                    let (reason, error) = permanent_failure(error);
                     let failure = Failure {
-                        reason: DlqReason::PermanentError,
+                        reason,
                         error,
                         attempts,
                         first_attempt_at,
@@ -223,7 +225,7 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::stores::memory::MemoryDlqStore;
     use crate::stores::{DlqFilter, PageRequest};
-    use crate::transports::{RecvFuture, SendFuture, SettleHandle};
+    use crate::transports::{RecvFuture, SendError, SendFuture, SettleHandle};
 
     struct Channel(mpsc::Receiver<Delivery>);
 

@@ -30,7 +30,7 @@ use ferry_shared::envelope::Envelope;
 
 use crate::metrics::{BindingMetrics, Terminal};
 use crate::stores::{DlqEntry, DlqReason, DlqStore, StoreError};
-use crate::transports::Outcome;
+use crate::transports::{Outcome, SendError};
 
 pub use retry::RetryBackoff;
 
@@ -61,6 +61,17 @@ pub struct RouteBinding {
 /// stores it once.
 pub fn delivery_dlq_id(message_id: &str, binding: &str) -> String {
     format!("{message_id}/{binding}")
+}
+
+/// The DLQ reason and error text of a send error: `oversized` for
+/// [`SendError::Oversized`], `permanent_error` for anything else (callers
+/// pass permanent errors; a transient one here is filed as permanent).
+pub fn permanent_failure(error: SendError) -> (DlqReason, String) {
+    match error {
+        SendError::Oversized(e) => (DlqReason::Oversized, e),
+        SendError::Permanent(e) => (DlqReason::PermanentError, e),
+        other => (DlqReason::PermanentError, other.to_string()),
+    }
 }
 
 /// What to do with a message that cannot be delivered.

@@ -160,7 +160,7 @@ impl OutboxWriter {
             Some((
                 self.policy.on_permanent_failure,
                 Failure {
-                    reason: DlqReason::PermanentError,
+                    reason: defect.dlq_reason(),
                     error: defect.to_string(),
                     attempts: 0,
                     first_attempt_at: None,

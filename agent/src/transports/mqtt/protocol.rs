@@ -13,7 +13,8 @@ use rumqttc::v5::mqttbytes::v5::{Packet as PacketV5, PubAckReason, PublishProper
 use rumqttc::{Outgoing, TlsConfiguration, Transport};
 
 use super::settings::{
-    Endpoint, MqttReceiverSettings, MqttSessionSettings, Protocol, Qos, SettingsError,
+    Endpoint, MQTT_MAX_PACKET_BYTES, MqttReceiverSettings, MqttSessionSettings, Protocol, Qos,
+    SettingsError,
 };
 use super::tls;
 use crate::transports::SendError;
@@ -212,6 +213,17 @@ pub(crate) fn create(
     };
     let connect_timeout = settings.connect_timeout.as_secs().max(1);
     let max_packet = settings.max_packet_bytes;
+    // A receiving session accepts any packet the broker may send: announcing
+    // a smaller maximum makes the broker discard larger messages silently
+    // (MQTT v5 §3.1.2.11.4), and a smaller incoming limit would drop the
+    // connection on one and get it redelivered forever. A message too large
+    // for the route is dead-lettered as `oversized` by the route instead.
+    // rumqttc takes the announced v5 maximum as its incoming limit too.
+    let max_incoming = if receiver.is_some() {
+        MQTT_MAX_PACKET_BYTES
+    } else {
+        max_packet
+    };
     // Validated: whole seconds in 5..=65535 (rumqttc asserts on less).
     let keep_alive = Duration::from_secs(settings.keep_alive.as_secs());
     match settings.protocol {
@@ -227,7 +239,7 @@ pub(crate) fn create(
                 .set_clean_start(settings.clean_start)
                 .set_connection_timeout(connect_timeout)
                 .set_request_channel_capacity(REQUEST_QUEUE)
-                .set_max_packet_size(Some(max_packet))
+                .set_max_packet_size(Some(max_incoming))
                 .set_outgoing_inflight_upper_limit(settings.max_outgoing_inflight)
                 .set_session_expiry_interval(Some(
                     u32::try_from(settings.session_expiry.as_secs()).unwrap_or(u32::MAX),
@@ -262,7 +274,7 @@ pub(crate) fn create(
                 // Validated: the client id is not empty (rumqttc asserts).
                 .set_clean_session(settings.clean_start)
                 .set_request_channel_capacity(REQUEST_QUEUE)
-                .set_max_packet_size(max_packet as usize, max_packet as usize)
+                .set_max_packet_size(max_incoming as usize, max_packet as usize)
                 .set_inflight(settings.max_outgoing_inflight);
             if let Some(username) = &settings.username {
                 options.set_credentials(

@@ -73,8 +73,11 @@ pub struct MqttSessionSettings {
     pub reconnect_initial: Duration,
     /// Longest reconnect delay.
     pub reconnect_max: Duration,
-    /// Largest MQTT packet read or written. In v5 it is announced to the broker
-    /// (maximum packet size), which then does not send larger messages.
+    /// Largest MQTT packet written (further limited by the broker's CONNACK
+    /// maximum packet size). A session with a receiver reads any packet up to
+    /// the MQTT maximum and announces that in v5, so the broker never discards
+    /// a message for it silently; a session without one announces and reads
+    /// this limit.
     pub max_packet_bytes: u32,
     /// Most QoS 1/2 publishes of this session awaiting their acknowledgement at
     /// once (the pipelining window of senders).
