@@ -154,12 +154,12 @@ impl EventLoop {
             EventLoop::V5(ev) => match ev.poll().await {
                 Ok(rumqttc::v5::Event::Incoming(packet)) => Ok(incoming_v5(packet)),
                 Ok(rumqttc::v5::Event::Outgoing(out)) => Ok(outgoing(out)),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(connection_error_v5(&e)),
             },
             EventLoop::V311(ev) => match ev.poll().await {
                 Ok(rumqttc::Event::Incoming(packet)) => Ok(incoming_v3(packet)),
                 Ok(rumqttc::Event::Outgoing(out)) => Ok(outgoing(out)),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(connection_error_v3(&e)),
             },
         }
     }
@@ -196,6 +196,44 @@ impl EventLoop {
             }
         }
     }
+}
+
+/// What rumqttc's `TopicNotUtf8` means: it reports *any* string of a packet
+/// that is not UTF-8 (a user property, a content type, a reason string) as the
+/// topic's.
+const NOT_UTF8: &str = "a string in it is not valid UTF-8 (topic or property)";
+
+/// A v5 connection error in words that are true. A packet that cannot be
+/// decoded is the broker's fault and is named as such; rumqttc's own text
+/// says "Topic not utf-8" for every non-UTF-8 string.
+fn connection_error_v5(error: &rumqttc::v5::ConnectionError) -> String {
+    use rumqttc::v5::mqttbytes::Error;
+    use rumqttc::v5::{ConnectionError, StateError};
+    match error {
+        ConnectionError::MqttState(StateError::Deserialization(e)) => match e {
+            Error::TopicNotUtf8 => malformed(NOT_UTF8),
+            Error::Io(_) | Error::PayloadSizeLimitExceeded { .. } => error.to_string(),
+            other => malformed(&other.to_string()),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// [`connection_error_v5`] for v3.1.1.
+fn connection_error_v3(error: &rumqttc::ConnectionError) -> String {
+    use rumqttc::{ConnectionError, Error, StateError};
+    match error {
+        ConnectionError::MqttState(StateError::Deserialization(e)) => match e {
+            Error::TopicNotUtf8 => malformed(NOT_UTF8),
+            Error::Io(_) | Error::PayloadSizeLimitExceeded(_) => error.to_string(),
+            other => malformed(&other.to_string()),
+        },
+        other => other.to_string(),
+    }
+}
+
+fn malformed(what: &str) -> String {
+    format!("the broker sent a malformed packet: {what}")
 }
 
 /// Builds the client and its event loop for a session; nothing connects yet.
@@ -437,6 +475,26 @@ pub(crate) fn puback_error(reason: &PubAckReason, detail: Option<String>) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_non_utf8_string_is_a_malformed_packet_not_a_topic() {
+        use rumqttc::v5::mqttbytes::Error;
+        use rumqttc::v5::{ConnectionError, StateError};
+        let e = ConnectionError::MqttState(StateError::Deserialization(Error::TopicNotUtf8));
+        let text = connection_error_v5(&e);
+        assert_eq!(
+            text,
+            "the broker sent a malformed packet: a string in it is not valid UTF-8 (topic or property)"
+        );
+        let e = ConnectionError::MqttState(StateError::Deserialization(Error::MalformedPacket));
+        assert!(connection_error_v5(&e).starts_with("the broker sent a malformed packet"));
+        let e = ConnectionError::MqttState(StateError::ConnectionAborted);
+        assert_eq!(connection_error_v5(&e), e.to_string());
+        let e = rumqttc::ConnectionError::MqttState(rumqttc::StateError::Deserialization(
+            rumqttc::Error::TopicNotUtf8,
+        ));
+        assert!(connection_error_v3(&e).contains("topic or property"));
+    }
 
     #[test]
     fn puback_reasons() {
