@@ -190,7 +190,7 @@ impl OutboxWriter {
                         self.dlq.as_ref(),
                         action,
                         b,
-                        delivery_dlq_id(&envelope.id, &b.id),
+                        delivery_dlq_id(&envelope, &b.id),
                         &envelope,
                         failure.clone(),
                         received_at,

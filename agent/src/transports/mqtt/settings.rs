@@ -187,15 +187,21 @@ pub struct MqttReceiverSettings {
     ///
     /// [`Defect::Oversized`]: crate::transports::Defect::Oversized
     pub max_payload_bytes: usize,
+    /// Keep an incoming `ferry-message-id` as the envelope id (a hop from
+    /// another Ferry agent). When false, incoming `ferry-*` user properties
+    /// are dropped and every message gets a fresh UUIDv7.
+    pub trust_message_id: bool,
 }
 
 impl MqttReceiverSettings {
-    /// A receiver of `filters` with `max_in_flight` 100 and 256 KiB payloads.
+    /// A receiver of `filters` with `max_in_flight` 100, 256 KiB payloads and
+    /// untrusted message ids.
     pub fn new(filters: Vec<(String, Qos)>) -> Self {
         Self {
             filters,
             max_in_flight: 100,
             max_payload_bytes: 256 * 1024,
+            trust_message_id: false,
         }
     }
 
