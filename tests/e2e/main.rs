@@ -9,6 +9,7 @@
 
 mod agent_delivery;
 mod agent_failures;
+mod agent_ingress;
 mod agent_support;
 mod control_plane;
 mod ferryctl;
