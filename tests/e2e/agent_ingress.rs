@@ -303,6 +303,42 @@ async fn oversized_through(shared_outbox: bool) -> anyhow::Result<()> {
     for big in 100..103 {
         assert_eq!(got.count(&bridge.output("x"), big), 0, "{big} was sent");
     }
+    // Every big message is in the DLQ, whole. A 20 MB entry exceeds tonic's default 4 MiB
+    // decoding limit, so a client listing it must raise its limit.
+    let mut sizes: Vec<(u64, usize)> = Vec::new();
+    let mut client = dlq_client(&agent)
+        .await?
+        .max_decoding_message_size(64 * 1024 * 1024);
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .list_dlq_entries(pb::ListDlqEntriesRequest {
+                page_size: 1,
+                page_token: page_token.clone(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        for e in &page.entries {
+            let payload = e
+                .envelope
+                .as_ref()
+                .map(|env| &env.payload[..])
+                .unwrap_or_default();
+            let seq = ferry_tests::mqtt::parse_seq(payload).unwrap_or(u64::MAX);
+            sizes.push((seq, payload.len()));
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    sizes.sort_unstable();
+    assert_eq!(
+        sizes,
+        [(100, 5_000_000), (101, 20_000_000), (102, 200_000)],
+        "(seq, payload bytes) in the DLQ"
+    );
     // Settled: quiesced agrees.
     quiesced(&agent, &bridge.bindings, DELIVERY).await?;
     Ok(())
