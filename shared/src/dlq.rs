@@ -45,6 +45,9 @@ pub enum DlqReason {
     ReplayExhausted,
     /// Expired before it could be delivered.
     Expired,
+    /// Too large for the route (`policy.max_payload_bytes`) or for the
+    /// destination (its maximum packet size).
+    Oversized,
 }
 
 impl DlqReason {
@@ -61,15 +64,18 @@ impl DlqReason {
             pb::DlqReason::PermanentError => Some(Self::PermanentError),
             pb::DlqReason::ReplayExhausted => Some(Self::ReplayExhausted),
             pb::DlqReason::Expired => Some(Self::Expired),
+            pb::DlqReason::Oversized => Some(Self::Oversized),
         }
     }
 
-    /// The text spelling (`permanent_error`, `replay_exhausted`, `expired`).
+    /// The text spelling (`permanent_error`, `replay_exhausted`, `expired`,
+    /// `oversized`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::PermanentError => "permanent_error",
             Self::ReplayExhausted => "replay_exhausted",
             Self::Expired => "expired",
+            Self::Oversized => "oversized",
         }
     }
 
@@ -79,6 +85,7 @@ impl DlqReason {
             "permanent_error" => Some(Self::PermanentError),
             "replay_exhausted" => Some(Self::ReplayExhausted),
             "expired" => Some(Self::Expired),
+            "oversized" => Some(Self::Oversized),
             _ => None,
         }
     }
@@ -90,6 +97,7 @@ impl From<DlqReason> for pb::DlqReason {
             DlqReason::PermanentError => pb::DlqReason::PermanentError,
             DlqReason::ReplayExhausted => pb::DlqReason::ReplayExhausted,
             DlqReason::Expired => pb::DlqReason::Expired,
+            DlqReason::Oversized => pb::DlqReason::Oversized,
         }
     }
 }
@@ -270,7 +278,7 @@ pub fn check_written_entry(entry: Option<pb::DlqEntry>) -> Result<WrittenEntry, 
     let reason = DlqReason::from_code(entry.reason).ok_or_else(|| {
         DlqRequestError::new(
             "entry.reason",
-            "must be permanent_error, replay_exhausted or expired",
+            "must be permanent_error, replay_exhausted, expired or oversized",
         )
     })?;
     Ok(WrittenEntry {
@@ -299,6 +307,7 @@ mod tests {
             DlqReason::PermanentError,
             DlqReason::ReplayExhausted,
             DlqReason::Expired,
+            DlqReason::Oversized,
         ] {
             assert_eq!(DlqReason::from_code(r.code()), Some(r));
             assert_eq!(DlqReason::parse(r.as_str()), Some(r));

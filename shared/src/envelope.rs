@@ -17,9 +17,13 @@ use prost::bytes::Bytes;
 use crate::api::v1 as pb;
 
 /// Header carrying the stable message id on every outgoing copy, so the next
-/// hop or the consumer can deduplicate. An incoming message that already has
-/// it keeps that id.
+/// hop or the consumer can deduplicate. An incoming message keeps the id it
+/// carries only where its receiver trusts it (`trust_message_id`, a hop from
+/// another Ferry agent); elsewhere it gets a fresh one.
 pub const MESSAGE_ID_HEADER: &str = "ferry-message-id";
+/// The prefix of the headers Ferry writes itself; an untrusted receiver drops
+/// incoming headers with it.
+pub const RESERVED_HEADER_PREFIX: &str = "ferry-";
 
 /// The first byte of [`Envelope::encode`]'s output: the layout that follows.
 const FORMAT_V1: u8 = 1;
@@ -27,8 +31,8 @@ const FORMAT_V1: u8 = 1;
 /// One message inside Ferry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Envelope {
-    /// Stable message id: the incoming `ferry-message-id` header when present,
-    /// otherwise a UUIDv7 assigned at receive. Never empty.
+    /// Stable message id: a UUIDv7 assigned at receive, or the incoming
+    /// `ferry-message-id` header where the receiver trusts it. Never empty.
     pub id: String,
     /// Ordered header pairs (MQTT v5 user properties, SQS message
     /// attributes); keys may repeat.

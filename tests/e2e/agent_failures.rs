@@ -77,7 +77,7 @@ async fn poison_binding_fills_the_dlq_and_redrive_delivers_after_the_fix() -> an
         .await?
         .into_inner();
     let entry = &listed.entries[0];
-    assert_eq!(entry.reason, pb::DlqReason::PermanentError as i32);
+    assert_eq!(entry.reason, pb::DlqReason::Oversized as i32);
     assert!(
         entry.last_error.contains("maximum packet size"),
         "{entry:?}"

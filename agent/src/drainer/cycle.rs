@@ -277,6 +277,7 @@ impl Drainer {
         let first = r.first_attempt_at.unwrap_or(attempted_at);
         let reason = match &error {
             SendError::Permanent(_) => DlqReason::PermanentError,
+            SendError::Oversized(_) => DlqReason::Oversized,
             _ if self.exhausted(r.replay_count + 1, Some(first), attempted_at) => {
                 DlqReason::ReplayExhausted
             }
@@ -290,7 +291,7 @@ impl Drainer {
             }
         };
         let error = match error {
-            SendError::Permanent(e) => e,
+            SendError::Permanent(e) | SendError::Oversized(e) => e,
             other => other.to_string(),
         };
         let f = Failure {

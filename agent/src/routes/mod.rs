@@ -30,7 +30,7 @@ use ferry_shared::envelope::Envelope;
 
 use crate::metrics::{BindingMetrics, Terminal};
 use crate::stores::{DlqEntry, DlqReason, DlqStore, StoreError};
-use crate::transports::Outcome;
+use crate::transports::{Outcome, SendError};
 
 pub use retry::RetryBackoff;
 
@@ -56,11 +56,53 @@ pub struct RouteBinding {
     pub metrics: BindingMetrics,
 }
 
-/// The deterministic DLQ id of a message that failed on a binding without an
-/// outbox record (direct_hold, or before the outbox append): writing it twice
-/// stores it once.
-pub fn delivery_dlq_id(message_id: &str, binding: &str) -> String {
-    format!("{message_id}/{binding}")
+/// The DLQ id of a message that failed on a binding without an outbox record
+/// (direct_hold, or before the outbox append):
+/// `{message id}/{binding}/{content digest}`.
+///
+/// Contract: deterministic for one delivery, so a retried write of the same
+/// envelope stores it once (`ON CONFLICT DO NOTHING`); different per message,
+/// even when two messages share an id (a trusted `ferry-message-id` that was
+/// forged or reused), so the second is never silently dropped. The digest is
+/// the first 64 bits of a SHA-256 (the `sha2` crate the workspace already
+/// uses; stable across builds and restarts, unlike `std`'s `DefaultHasher`)
+/// over the source address, the headers and the payload, each length-prefixed.
+/// Two messages with the same id *and* the same content are the same message.
+pub fn delivery_dlq_id(envelope: &Envelope, binding: &str) -> String {
+    format!("{}/{binding}/{}", envelope.id, content_digest(envelope))
+}
+
+/// 16 lowercase hex digits: the first 8 bytes of a SHA-256 over the
+/// envelope's source address, headers and payload.
+fn content_digest(envelope: &Envelope) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        hash.update((bytes.len() as u64).to_le_bytes());
+        hash.update(bytes);
+    };
+    field(envelope.source.address.as_bytes());
+    for (k, v) in &envelope.headers {
+        field(k.as_bytes());
+        field(v.as_bytes());
+    }
+    field(&envelope.payload);
+    hash.finalize()
+        .iter()
+        .take(8)
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+/// The DLQ reason and error text of a send error: `oversized` for
+/// [`SendError::Oversized`], `permanent_error` for anything else (callers
+/// pass permanent errors; a transient one here is filed as permanent).
+pub fn permanent_failure(error: SendError) -> (DlqReason, String) {
+    match error {
+        SendError::Oversized(e) => (DlqReason::Oversized, e),
+        SendError::Permanent(e) => (DlqReason::PermanentError, e),
+        other => (DlqReason::PermanentError, other.to_string()),
+    }
 }
 
 /// What to do with a message that cannot be delivered.
@@ -164,4 +206,62 @@ pub fn with_ttl(mut envelope: Envelope, ttl: Option<std::time::Duration>) -> Env
         envelope.expires_at = envelope.source.received_at.checked_add(ttl);
     }
     envelope
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use ferry_shared::envelope::{Envelope, Source, TraceContext};
+    use prost::bytes::Bytes;
+
+    use super::delivery_dlq_id;
+
+    fn envelope(id: &str, topic: &str, payload: &'static [u8]) -> Envelope {
+        Envelope {
+            id: id.into(),
+            headers: vec![("k".into(), "v".into())],
+            payload: Bytes::from_static(payload),
+            content_type: None,
+            source: Source {
+                transport: "mqtt".into(),
+                session_id: "in".into(),
+                address: topic.into(),
+                received_at: SystemTime::now(),
+            },
+            expires_at: None,
+            trace: TraceContext::default(),
+        }
+    }
+
+    #[test]
+    fn one_delivery_one_dlq_id() {
+        let e = envelope("m1", "a/b", b"hello");
+        let id = delivery_dlq_id(&e, "x");
+        assert_eq!(id, delivery_dlq_id(&e.clone(), "x"), "a retried write");
+        assert!(id.starts_with("m1/x/"), "{id}");
+        assert_eq!(id.len(), "m1/x/".len() + 16, "{id}");
+        assert_ne!(id, delivery_dlq_id(&e, "y"), "another binding");
+    }
+
+    #[test]
+    fn two_messages_sharing_an_id_get_two_dlq_ids() {
+        let a = envelope("same", "a/b", b"one");
+        let b = envelope("same", "a/b", b"two");
+        let c = envelope("same", "a/c", b"one");
+        let mut d = envelope("same", "a/b", b"one");
+        d.headers.push(("k2".into(), "v2".into()));
+        let ids = [&a, &b, &c, &d].map(|e| delivery_dlq_id(e, "x"));
+        for (i, x) in ids.iter().enumerate() {
+            for y in &ids[i + 1..] {
+                assert_ne!(x, y);
+            }
+        }
+        // Length prefixes: moving bytes between fields changes the digest.
+        let mut e = envelope("same", "a/b", b"one");
+        e.headers = vec![("kv".into(), String::new())];
+        let mut f = envelope("same", "a/b", b"one");
+        f.headers = vec![("k".into(), "v".into())];
+        assert_ne!(delivery_dlq_id(&e, "x"), delivery_dlq_id(&f, "x"));
+    }
 }

@@ -164,7 +164,7 @@ impl OutboxWriter {
             Some((
                 self.policy.on_permanent_failure,
                 Failure {
-                    reason: DlqReason::PermanentError,
+                    reason: defect.dlq_reason(),
                     error: defect.to_string(),
                     attempts: 0,
                     first_attempt_at: None,
@@ -194,7 +194,7 @@ impl OutboxWriter {
                         self.dlq.as_ref(),
                         action,
                         b,
-                        delivery_dlq_id(&envelope.id, &b.id),
+                        delivery_dlq_id(&envelope, &b.id),
                         &envelope,
                         failure.clone(),
                         received_at,

@@ -93,6 +93,7 @@ pub(super) fn mqtt_receiver(
     let mut r = MqttReceiverSettings::new(filters);
     r.max_in_flight = u16::try_from(route.policy.max_in_flight).unwrap_or(u16::MAX);
     r.max_payload_bytes = route.policy.max_payload_bytes as usize;
+    r.trust_message_id = receiver.trust_message_id;
     r
 }
 

@@ -114,12 +114,18 @@ pub enum SendError {
     /// authorized, invalid topic, too large). It certainly was not accepted.
     #[error("permanent send failure: {0}")]
     Permanent(String),
+    /// The message is larger than the destination accepts (its maximum packet
+    /// size): permanent, dead-lettered as `oversized`. It certainly was not
+    /// accepted.
+    #[error("too large for the destination: {0}")]
+    Oversized(String),
 }
 
 impl SendError {
-    /// True for [`SendError::Permanent`]: retrying cannot help.
+    /// True for [`SendError::Permanent`] and [`SendError::Oversized`]:
+    /// retrying cannot help.
     pub fn is_permanent(&self) -> bool {
-        matches!(self, SendError::Permanent(_))
+        matches!(self, SendError::Permanent(_) | SendError::Oversized(_))
     }
 
     /// True for [`SendError::Timeout`].
@@ -172,6 +178,17 @@ pub enum Defect {
     /// rendering).
     #[error("invalid topic: {0}")]
     InvalidTopic(String),
+}
+
+impl Defect {
+    /// The reason a defective message is dead-lettered with: `oversized` for
+    /// [`Defect::Oversized`], `permanent_error` for the rest.
+    pub fn dlq_reason(&self) -> crate::stores::DlqReason {
+        match self {
+            Defect::Oversized { .. } => crate::stores::DlqReason::Oversized,
+            Defect::InvalidTopic(_) => crate::stores::DlqReason::PermanentError,
+        }
+    }
 }
 
 /// How a delivery ended, as far as the source is concerned.

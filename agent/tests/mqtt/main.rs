@@ -153,8 +153,11 @@ fn receiver_settings(filter: &str) -> MqttReceiverSettings {
 #[tokio::test]
 async fn a_received_message_maps_v5_properties_and_is_acked_after_settle() {
     let broker = Mosquitto::start().await.unwrap();
-    let mut agent =
-        Agent::start(session_settings(&broker, "rx-1"), receiver_settings("in/#")).await;
+    // A trusted receiver (a hop from another Ferry agent) keeps the incoming id
+    // and the ferry-* headers; an untrusted one is covered in properties.rs.
+    let mut receiver = receiver_settings("in/#");
+    receiver.trust_message_id = true;
+    let mut agent = Agent::start(session_settings(&broker, "rx-1"), receiver).await;
     let publisher = TestClient::connect(&broker, "pub-1", None).await;
     let props = PublishProperties {
         user_properties: vec![
@@ -572,7 +575,9 @@ async fn tls_with_a_ca_file_and_credentials() {
     settings.username = Some("user".into());
     settings.password = Some("secret".into());
     settings.keep_alive = Duration::from_secs(5);
-    let mut agent = Agent::start(settings, receiver_settings("tls/#")).await;
+    let mut receiver = receiver_settings("tls/#");
+    receiver.trust_message_id = true;
+    let mut agent = Agent::start(settings, receiver).await;
     let sender = agent.session.sender(MqttSenderSettings::default());
     sender
         .send(

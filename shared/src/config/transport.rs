@@ -249,6 +249,13 @@ pub struct Receiver {
     /// sqs, required: the queue to receive from, a queue name or a queue URL.
     #[serde(default)]
     pub queue: Option<String>,
+    /// mqtt: keep an incoming `ferry-message-id` as the message id (and the other incoming
+    /// `ferry-*` headers), for a hop from another Ferry agent. Default false: incoming
+    /// `ferry-*` user properties are dropped and every message gets a fresh UUIDv7, because a
+    /// forged or republished header would make two different messages share an id (a consumer
+    /// deduplicating by it would drop the second).
+    #[serde(default)]
+    pub trust_message_id: bool,
 }
 
 /// One MQTT subscription of a receiver.

@@ -1,10 +1,16 @@
 //! Envelope ⇄ MQTT v5 publish properties.
 //!
-//! Incoming: every user property becomes a header, in order (the reserved
-//! ones included, so a dead-letter entry shows the message as it came);
-//! `ferry-message-id` becomes the envelope id (a new UUIDv7 when absent or
-//! empty); `traceparent` / `tracestate` become the trace context; content type
-//! and message expiry interval become `content_type` and `expires_at`.
+//! Incoming: every user property becomes a header, in order, except that a
+//! receiver that does not trust message ids (the default) drops every
+//! `ferry-*` one and gives the message a new UUIDv7 id. A receiver with
+//! `trust_message_id` (a hop from another Ferry agent) keeps them all and
+//! makes `ferry-message-id` the envelope id (a new UUIDv7 when absent or
+//! empty). Why not trust by default: the id is what consumers deduplicate by
+//! and what DLQ ids are built from, so a forged header, or a consumer
+//! republishing what it received, would make two different messages share
+//! one id and the second be dropped as a duplicate.
+//! `traceparent` / `tracestate` become the trace context; content type and
+//! message expiry interval become `content_type` and `expires_at`.
 //!
 //! Outgoing: the headers minus the reserved keys, then `ferry-message-id` with
 //! the envelope id (always), then `traceparent` / `tracestate` from the trace
@@ -12,7 +18,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use ferry_shared::envelope::{Envelope, MESSAGE_ID_HEADER, Source, TraceContext};
+use ferry_shared::envelope::{
+    Envelope, MESSAGE_ID_HEADER, RESERVED_HEADER_PREFIX, Source, TraceContext,
+};
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
 
 use super::protocol::Received;
@@ -34,6 +42,7 @@ pub(crate) fn envelope_from(
     received: Received,
     session_id: &str,
     max_payload_bytes: usize,
+    trust_message_id: bool,
     now: SystemTime,
 ) -> (Envelope, Option<Defect>) {
     let mut defect = None;
@@ -56,7 +65,10 @@ pub(crate) fn envelope_from(
         });
     }
     let properties = received.properties.unwrap_or_default();
-    let headers = properties.user_properties;
+    let mut headers = properties.user_properties;
+    if !trust_message_id {
+        headers.retain(|(k, _)| !k.starts_with(RESERVED_HEADER_PREFIX));
+    }
     let first = |key: &str| {
         headers
             .iter()
@@ -180,7 +192,7 @@ mod tests {
             message_expiry_interval: Some(60),
             ..PublishProperties::default()
         };
-        let (e, defect) = envelope_from(received(Some(props)), "in", 1024, now);
+        let (e, defect) = envelope_from(received(Some(props)), "in", 1024, true, now);
         assert_eq!(defect, None);
         assert_eq!(e.id, "id-1");
         assert_eq!(e.headers.len(), 5);
@@ -206,9 +218,34 @@ mod tests {
     }
 
     #[test]
+    fn an_untrusted_receiver_drops_ferry_headers_and_assigns_a_new_id() {
+        let now = SystemTime::now();
+        let props = || PublishProperties {
+            user_properties: vec![
+                (MESSAGE_ID_HEADER.into(), "forged".into()),
+                ("ferry-other".into(), "x".into()),
+                ("a".into(), "1".into()),
+                (TRACEPARENT_HEADER.into(), "00-abc-def-01".into()),
+            ],
+            ..PublishProperties::default()
+        };
+        let (e1, _) = envelope_from(received(Some(props())), "in", 1024, false, now);
+        let (e2, _) = envelope_from(received(Some(props())), "in", 1024, false, now);
+        assert_ne!(e1.id, "forged");
+        assert_ne!(e1.id, e2.id, "two messages, two ids");
+        let keys: Vec<&str> = e1.headers.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["a", TRACEPARENT_HEADER]);
+        assert_eq!(e1.trace.traceparent.as_deref(), Some("00-abc-def-01"));
+        // Trusted: the id and the ferry-* headers are kept.
+        let (t, _) = envelope_from(received(Some(props())), "in", 1024, true, now);
+        assert_eq!(t.id, "forged");
+        assert_eq!(t.headers.len(), 4);
+    }
+
+    #[test]
     fn without_properties_a_new_v7_id() {
         let now = SystemTime::now();
-        let (e, _) = envelope_from(received(None), "in", 1024, now);
+        let (e, _) = envelope_from(received(None), "in", 1024, false, now);
         let id = uuid::Uuid::parse_str(&e.id).ok();
         assert_eq!(id.map(|u| u.get_version_num()), Some(7));
         assert!(e.headers.is_empty());
@@ -218,11 +255,11 @@ mod tests {
     #[test]
     fn defects() {
         let now = SystemTime::now();
-        let (_, defect) = envelope_from(received(None), "in", 4, now);
+        let (_, defect) = envelope_from(received(None), "in", 4, false, now);
         assert_eq!(defect, Some(Defect::Oversized { size: 5, limit: 4 }));
         let mut bad = received(None);
         bad.topic = Bytes::from_static(b"a/\xff");
-        let (e, defect) = envelope_from(bad, "in", 1024, now);
+        let (e, defect) = envelope_from(bad, "in", 1024, false, now);
         assert!(matches!(defect, Some(Defect::InvalidTopic(_))));
         assert!(e.source.address.starts_with("a/"));
     }
@@ -230,7 +267,7 @@ mod tests {
     #[test]
     fn an_expired_envelope_is_not_sent() {
         let now = SystemTime::now();
-        let (mut e, _) = envelope_from(received(None), "in", 1024, now);
+        let (mut e, _) = envelope_from(received(None), "in", 1024, false, now);
         e.expires_at = Some(now);
         assert!(properties_for(&e, now).is_err_and(|e| e.is_permanent()));
     }

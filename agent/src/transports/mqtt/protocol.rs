@@ -13,7 +13,8 @@ use rumqttc::v5::mqttbytes::v5::{Packet as PacketV5, PubAckReason, PublishProper
 use rumqttc::{Outgoing, TlsConfiguration, Transport};
 
 use super::settings::{
-    Endpoint, MqttReceiverSettings, MqttSessionSettings, Protocol, Qos, SettingsError,
+    Endpoint, MQTT_MAX_PACKET_BYTES, MqttReceiverSettings, MqttSessionSettings, Protocol, Qos,
+    SettingsError,
 };
 use super::tls;
 use crate::transports::SendError;
@@ -155,12 +156,12 @@ impl EventLoop {
             EventLoop::V5(ev) => match ev.poll().await {
                 Ok(rumqttc::v5::Event::Incoming(packet)) => Ok(incoming_v5(packet)),
                 Ok(rumqttc::v5::Event::Outgoing(out)) => Ok(outgoing(out)),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(connection_error_v5(&e)),
             },
             EventLoop::V311(ev) => match ev.poll().await {
                 Ok(rumqttc::Event::Incoming(packet)) => Ok(incoming_v3(packet)),
                 Ok(rumqttc::Event::Outgoing(out)) => Ok(outgoing(out)),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(connection_error_v3(&e)),
             },
         }
     }
@@ -199,6 +200,44 @@ impl EventLoop {
     }
 }
 
+/// What rumqttc's `TopicNotUtf8` means: it reports *any* string of a packet
+/// that is not UTF-8 (a user property, a content type, a reason string) as the
+/// topic's.
+const NOT_UTF8: &str = "a string in it is not valid UTF-8 (topic or property)";
+
+/// A v5 connection error in words that are true. A packet that cannot be
+/// decoded is the broker's fault and is named as such; rumqttc's own text
+/// says "Topic not utf-8" for every non-UTF-8 string.
+fn connection_error_v5(error: &rumqttc::v5::ConnectionError) -> String {
+    use rumqttc::v5::mqttbytes::Error;
+    use rumqttc::v5::{ConnectionError, StateError};
+    match error {
+        ConnectionError::MqttState(StateError::Deserialization(e)) => match e {
+            Error::TopicNotUtf8 => malformed(NOT_UTF8),
+            Error::Io(_) | Error::PayloadSizeLimitExceeded { .. } => error.to_string(),
+            other => malformed(&other.to_string()),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// [`connection_error_v5`] for v3.1.1.
+fn connection_error_v3(error: &rumqttc::ConnectionError) -> String {
+    use rumqttc::{ConnectionError, Error, StateError};
+    match error {
+        ConnectionError::MqttState(StateError::Deserialization(e)) => match e {
+            Error::TopicNotUtf8 => malformed(NOT_UTF8),
+            Error::Io(_) | Error::PayloadSizeLimitExceeded(_) => error.to_string(),
+            other => malformed(&other.to_string()),
+        },
+        other => other.to_string(),
+    }
+}
+
+fn malformed(what: &str) -> String {
+    format!("the broker sent a malformed packet: {what}")
+}
+
 /// Builds the client and its event loop for a session; nothing connects yet.
 pub(crate) fn create(
     settings: &MqttSessionSettings,
@@ -214,6 +253,17 @@ pub(crate) fn create(
     };
     let connect_timeout = settings.connect_timeout.as_secs().max(1);
     let max_packet = settings.max_packet_bytes;
+    // A receiving session accepts any packet the broker may send: announcing
+    // a smaller maximum makes the broker discard larger messages silently
+    // (MQTT v5 §3.1.2.11.4), and a smaller incoming limit would drop the
+    // connection on one and get it redelivered forever. A message too large
+    // for the route is dead-lettered as `oversized` by the route instead.
+    // rumqttc takes the announced v5 maximum as its incoming limit too.
+    let max_incoming = if receiver.is_some() {
+        MQTT_MAX_PACKET_BYTES
+    } else {
+        max_packet
+    };
     // Validated: whole seconds in 5..=65535 (rumqttc asserts on less).
     let keep_alive = Duration::from_secs(settings.keep_alive.as_secs());
     match settings.protocol {
@@ -229,7 +279,7 @@ pub(crate) fn create(
                 .set_clean_start(settings.clean_start)
                 .set_connection_timeout(connect_timeout)
                 .set_request_channel_capacity(REQUEST_QUEUE)
-                .set_max_packet_size(Some(max_packet))
+                .set_max_packet_size(Some(max_incoming))
                 .set_outgoing_inflight_upper_limit(settings.max_outgoing_inflight)
                 .set_session_expiry_interval(Some(
                     u32::try_from(settings.session_expiry.as_secs()).unwrap_or(u32::MAX),
@@ -264,7 +314,7 @@ pub(crate) fn create(
                 // Validated: the client id is not empty (rumqttc asserts).
                 .set_clean_session(settings.clean_start)
                 .set_request_channel_capacity(REQUEST_QUEUE)
-                .set_max_packet_size(max_packet as usize, max_packet as usize)
+                .set_max_packet_size(max_incoming as usize, max_packet as usize)
                 .set_inflight(settings.max_outgoing_inflight);
             if let Some(username) = &settings.username {
                 options.set_credentials(
@@ -429,6 +479,26 @@ pub(crate) fn puback_error(reason: &PubAckReason, detail: Option<String>) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_non_utf8_string_is_a_malformed_packet_not_a_topic() {
+        use rumqttc::v5::mqttbytes::Error;
+        use rumqttc::v5::{ConnectionError, StateError};
+        let e = ConnectionError::MqttState(StateError::Deserialization(Error::TopicNotUtf8));
+        let text = connection_error_v5(&e);
+        assert_eq!(
+            text,
+            "the broker sent a malformed packet: a string in it is not valid UTF-8 (topic or property)"
+        );
+        let e = ConnectionError::MqttState(StateError::Deserialization(Error::MalformedPacket));
+        assert!(connection_error_v5(&e).starts_with("the broker sent a malformed packet"));
+        let e = ConnectionError::MqttState(StateError::ConnectionAborted);
+        assert_eq!(connection_error_v5(&e), e.to_string());
+        let e = rumqttc::ConnectionError::MqttState(rumqttc::StateError::Deserialization(
+            rumqttc::Error::TopicNotUtf8,
+        ));
+        assert!(connection_error_v3(&e).contains("topic or property"));
+    }
 
     #[test]
     fn puback_reasons() {

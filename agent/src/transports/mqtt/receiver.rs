@@ -307,6 +307,7 @@ impl ReceiverFeed {
             received,
             &self.session_id,
             self.settings.max_payload_bytes,
+            self.settings.trust_message_id,
             SystemTime::now(),
         );
         let settle = if qos == Qos::AtMostOnce {

@@ -196,7 +196,7 @@ impl MqttSender {
                     return Err(SendError::Transient("not connected to the broker".into()));
                 }
                 if size > outbound.max_packet {
-                    return Err(SendError::Permanent(format!(
+                    return Err(SendError::Oversized(format!(
                         "a publish of about {size} bytes exceeds the maximum packet size of {} bytes",
                         outbound.max_packet
                     )));

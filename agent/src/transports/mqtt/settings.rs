@@ -73,8 +73,11 @@ pub struct MqttSessionSettings {
     pub reconnect_initial: Duration,
     /// Longest reconnect delay.
     pub reconnect_max: Duration,
-    /// Largest MQTT packet read or written. In v5 it is announced to the broker
-    /// (maximum packet size), which then does not send larger messages.
+    /// Largest MQTT packet written (further limited by the broker's CONNACK
+    /// maximum packet size). A session with a receiver reads any packet up to
+    /// the MQTT maximum and announces that in v5, so the broker never discards
+    /// a message for it silently; a session without one announces and reads
+    /// this limit.
     pub max_packet_bytes: u32,
     /// Most QoS 1/2 publishes of this session awaiting their acknowledgement at
     /// once (the pipelining window of senders).
@@ -184,15 +187,21 @@ pub struct MqttReceiverSettings {
     ///
     /// [`Defect::Oversized`]: crate::transports::Defect::Oversized
     pub max_payload_bytes: usize,
+    /// Keep an incoming `ferry-message-id` as the envelope id (a hop from
+    /// another Ferry agent). When false, incoming `ferry-*` user properties
+    /// are dropped and every message gets a fresh UUIDv7.
+    pub trust_message_id: bool,
 }
 
 impl MqttReceiverSettings {
-    /// A receiver of `filters` with `max_in_flight` 100 and 256 KiB payloads.
+    /// A receiver of `filters` with `max_in_flight` 100, 256 KiB payloads and
+    /// untrusted message ids.
     pub fn new(filters: Vec<(String, Qos)>) -> Self {
         Self {
             filters,
             max_in_flight: 100,
             max_payload_bytes: 256 * 1024,
+            trust_message_id: false,
         }
     }
 

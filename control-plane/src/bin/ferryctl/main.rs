@@ -195,7 +195,7 @@ struct DlqFilterArgs {
     #[arg(long)]
     binding: Option<String>,
     /// Only this reason.
-    #[arg(long, value_parser = ["permanent_error", "replay_exhausted", "expired"])]
+    #[arg(long, value_parser = ["permanent_error", "replay_exhausted", "expired", "oversized"])]
     reason: Option<String>,
 }
 
@@ -205,6 +205,7 @@ impl DlqFilterArgs {
             Some("permanent_error") => pb::DlqReason::PermanentError,
             Some("replay_exhausted") => pb::DlqReason::ReplayExhausted,
             Some("expired") => pb::DlqReason::Expired,
+            Some("oversized") => pb::DlqReason::Oversized,
             _ => pb::DlqReason::Unspecified,
         };
         pb::DlqFilter {

@@ -300,6 +300,7 @@ pub fn reason_name(reason: i32) -> &'static str {
         Ok(pb::DlqReason::PermanentError) => "permanent_error",
         Ok(pb::DlqReason::ReplayExhausted) => "replay_exhausted",
         Ok(pb::DlqReason::Expired) => "expired",
+        Ok(pb::DlqReason::Oversized) => "oversized",
         Ok(pb::DlqReason::Unspecified) | Err(_) => "unspecified",
     }
 }

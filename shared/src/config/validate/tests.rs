@@ -862,10 +862,16 @@ fn receiver_transport_matches_its_session() {
     assert_only(&errs, "receivers[0].queue", "queue is for sqs receivers");
     let errs = errors(|c| {
         c.sessions.push(sqs_session());
-        let mut r: Receiver = yaml("id: sqs-in\nsession_id: aws\ntopics:\n  - topic: a\n");
+        let mut r: Receiver =
+            yaml("id: sqs-in\nsession_id: aws\ntrust_message_id: true\ntopics:\n  - topic: a\n");
         r.queue = None;
         c.receivers.push(r);
     });
+    assert_error(
+        &errs,
+        "receivers[1].trust_message_id",
+        "trust_message_id is for mqtt receivers",
+    );
     assert_error(
         &errs,
         "receivers[1].topics",

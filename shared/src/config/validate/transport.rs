@@ -234,6 +234,15 @@ impl Validator<'_> {
                     }
                 }
                 Transport::Sqs => {
+                    if r.trust_message_id {
+                        self.error(
+                            format!("{base}.trust_message_id"),
+                            format!(
+                                "trust_message_id is for mqtt receivers; session \"{}\" is sqs",
+                                r.session_id
+                            ),
+                        );
+                    }
                     if r.topics.is_some() {
                         self.error(
                             format!("{base}.topics"),
