@@ -1,5 +1,9 @@
 //! Keeping the partition lease: acquire, renew every `renew_interval`,
 //! publish the held version (or `None`) on a watch channel.
+//!
+//! A grant our agent id still holds from a previous run of this agent needs
+//! no clean-up: every acquire is granted a new version (ADR 0004), so the
+//! first claim under it takes that run's claims back.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -17,7 +21,6 @@ pub(super) async fn keep(
     tx: watch::Sender<Option<u64>>,
     shutdown: CancellationToken,
 ) -> Option<u64> {
-    fence_out_previous_incarnation(&d).await;
     let mut held: Option<Lease> = None;
     loop {
         let now = SystemTime::now();
@@ -69,32 +72,4 @@ pub(super) async fn keep(
         }
     }
     held.map(|l| l.version)
-}
-
-/// A grant our own agent id still holds comes from a previous process that
-/// died without releasing it: release it, so the next acquire gets a higher
-/// version and takes back that process's claims at once.
-async fn fence_out_previous_incarnation(d: &Drainer) {
-    let Ok(states) = d.leases.list().await else {
-        return;
-    };
-    let Some(state) = states.into_iter().find(|s| s.key == d.partition) else {
-        return;
-    };
-    if state.grant.as_ref().is_some_and(|g| g.holder == d.holder) {
-        match d
-            .leases
-            .release(&d.partition, &d.holder, state.version)
-            .await
-        {
-            Ok(()) => tracing::info!(
-                partition = %d.partition,
-                version = state.version,
-                "released the lease of a previous run of this agent"
-            ),
-            Err(error) => {
-                tracing::warn!(partition = %d.partition, %error, "releasing an old lease failed")
-            }
-        }
-    }
 }
