@@ -66,7 +66,7 @@ fn envelope(payload: &str, expires_at: Option<SystemTime>) -> Envelope {
 }
 
 struct Fixture {
-    drainer: Drainer,
+    drainer: Arc<Drainer>,
     outbox: Arc<MemoryOutboxStore>,
     dlq: Arc<MemoryDlqStore>,
     sender: Arc<Scripted>,
@@ -128,9 +128,10 @@ fn fixture(
         replay_budget: replay.1,
         route_metrics: metrics.route("b", "r"),
         lease_resolved: Readiness::default().condition("lease"),
+        state: Default::default(),
     };
     Fixture {
-        drainer,
+        drainer: Arc::new(drainer),
         outbox,
         dlq,
         sender,
@@ -154,7 +155,7 @@ async fn append(f: &Fixture, binding: &str, payloads: std::ops::Range<u32>) {
 
 async fn cycle(f: &Fixture) -> usize {
     f.drainer
-        .cycle(1, &mut None, &CancellationToken::new())
+        .cycle(1, &CancellationToken::new())
         .await
         .expect("cycle")
         .claimed
@@ -276,7 +277,7 @@ async fn expiry_runs_while_disconnected_and_nothing_is_sent() {
 #[tokio::test]
 async fn pipelined_batches_keep_order_and_complete_everything() {
     let mut f = fixture(None, true, (5, Duration::from_secs(900)));
-    f.drainer.batch = 4;
+    Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 4;
     append(&f, "x", 0..5).await;
     append(&f, "y", 0..3).await;
     append(&f, "x", 5..10).await;
@@ -302,7 +303,7 @@ async fn a_failure_releases_the_batch_claimed_ahead_untried() {
         true,
         (5, Duration::from_secs(900)),
     );
-    f.drainer.batch = 4;
+    Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 4;
     append(&f, "x", 0..12).await;
     assert_eq!(cycle(&f).await, 8, "the next batch was claimed ahead");
     let sent = f.sender.sent.lock().expect("lock").len();
@@ -321,7 +322,7 @@ async fn a_failure_releases_the_batch_claimed_ahead_untried() {
 async fn expired_records_past_the_sweep_are_disposed_of_not_claimed_forever() {
     let mut f = fixture(None, true, (5, Duration::from_secs(900)));
     // The sweep takes one batch; the claims meet the other expired records.
-    f.drainer.batch = 2;
+    Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 2;
     let past = SystemTime::now() - Duration::from_secs(1);
     let mut records: Vec<NewRecord> = (0..5)
         .map(|i| {
@@ -351,7 +352,7 @@ async fn a_stopped_cycle_claims_nothing() {
     append(&f, "x", 0..3).await;
     let stop = CancellationToken::new();
     stop.cancel();
-    let report = f.drainer.cycle(1, &mut None, &stop).await.expect("cycle");
+    let report = f.drainer.cycle(1, &stop).await.expect("cycle");
     assert_eq!(report.claimed, 0);
     assert!(f.sender.sent.lock().expect("lock").is_empty());
     let left = f.outbox.dump(P).expect("dump");
