@@ -9,6 +9,7 @@
 
 mod agent_delivery;
 mod agent_failures;
+mod agent_figures;
 mod agent_support;
 mod control_plane;
 mod ferryctl;
