@@ -27,9 +27,10 @@
 //!   "intake resumed" are logged once per change of state.
 //! - **A failing store pauses intake.** After a failed append the writer
 //!   takes nothing more for [`STORE_RETRY`] (or until the drainer frees
-//!   room), instead of having the broker redeliver into a store that cannot
-//!   take it (which also aborts the drainer's writes sharing its commit);
-//!   the failure is logged once when it starts and once when it clears.
+//!   room), then one delivery at a time until an append succeeds, instead of
+//!   having the broker redeliver into a store that cannot take it (which also
+//!   aborts the drainer's writes sharing its commit); the failure is logged
+//!   once when it starts and once when it clears.
 //! - After each append the drainer is woken at once.
 
 use std::sync::Arc;
@@ -153,8 +154,9 @@ pub struct OutboxWriter {
     pub appends: FailureLog,
 }
 
-/// The depth below which stopped intake resumes: [`RESUME_BELOW`] of
-/// `max_depth`, at least 1 below it when it is small.
+/// The depth below which stopped intake resumes (when a message also has
+/// room): [`RESUME_BELOW`] of `max_depth`, at least 1 so that an empty
+/// outbox always resumes.
 fn resume_level(max_depth: u64) -> u64 {
     // Exact for any realistic limit (below 2^53).
     #[allow(
@@ -163,7 +165,7 @@ fn resume_level(max_depth: u64) -> u64 {
         clippy::cast_precision_loss
     )]
     let low = (max_depth as f64 * RESUME_BELOW) as u64;
-    low.min(max_depth.saturating_sub(1))
+    low.max(1)
 }
 
 impl OutboxWriter {
@@ -186,14 +188,19 @@ impl OutboxWriter {
         // Polled only while intake is stopped: no burst of catch-up ticks.
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopped = false;
-        // After a failed append: take nothing more until then.
+        // After a failed append: take nothing more until then, and then one
+        // delivery at a time until an append succeeds again (a store with
+        // little room left takes one append where a whole group would fail).
         let mut paused_until: Option<tokio::time::Instant> = None;
+        let mut probing = false;
         loop {
             let level = this.depth.level();
+            // Room for one more message (one always fits an empty outbox).
+            let room = level + per_message <= max_depth || level == 0;
             let full = if stopped {
-                level >= resume_below
+                level >= resume_below || !room
             } else {
-                level + per_message > max_depth && level > 0
+                !room
             };
             if full != stopped {
                 stopped = full;
@@ -215,8 +222,11 @@ impl OutboxWriter {
                 () = shutdown.cancelled() => break,
                 Some(appended) = in_flight.next(), if !in_flight.is_empty() => {
                     let appended: bool = appended;
-                    if !appended && paused_until.is_none() {
+                    if appended {
+                        probing = false;
+                    } else if paused_until.is_none() {
                         paused_until = Some(tokio::time::Instant::now() + STORE_RETRY);
+                        probing = true;
                     }
                 }
                 () = this.depth.space.notified(), if full || paused => paused_until = None,
@@ -226,7 +236,7 @@ impl OutboxWriter {
                         this.depth.set(stats.total.depth);
                     }
                 }
-                delivery = receiver.recv(), if !full && !paused && in_flight.len() < max_in_flight => {
+                delivery = receiver.recv(), if !full && !paused && in_flight.len() < if probing { 1 } else { max_in_flight } => {
                     match delivery {
                         Some(d) => {
                             // Cannot fail: `full` is false, and only this loop reserves.
@@ -351,5 +361,41 @@ impl OutboxWriter {
                 Outcome::StoreFailure
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_never_let_the_level_past_the_limit() {
+        let d = OutboxDepth::default();
+        assert!(d.try_reserve(3, 10));
+        assert!(d.try_reserve(3, 10));
+        assert!(d.try_reserve(3, 10));
+        // 9 reserved: 3 more would make 12.
+        assert!(!d.try_reserve(3, 10));
+        d.settle_reservation(3, true);
+        d.settle_reservation(3, false);
+        assert_eq!((d.get(), d.level()), (3, 6));
+        d.sub(3);
+        d.settle_reservation(3, true);
+        assert_eq!((d.get(), d.level()), (3, 3));
+    }
+
+    #[test]
+    fn one_message_always_fits_an_empty_outbox() {
+        let d = OutboxDepth::default();
+        assert!(d.try_reserve(5, 2));
+        assert!(!d.try_reserve(1, 2));
+    }
+
+    #[test]
+    fn intake_resumes_below_the_low_watermark() {
+        assert_eq!(resume_level(10_000), 9_000);
+        assert_eq!(resume_level(200), 180);
+        assert_eq!(resume_level(5), 4);
+        assert_eq!(resume_level(1), 1);
     }
 }
