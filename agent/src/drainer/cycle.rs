@@ -101,8 +101,10 @@ impl Drainer {
 
     /// Writes again the outcomes whose write failed under `version` (their
     /// records are still claimed under it); those of an older version are
-    /// void — its claims went back to pending — and are dropped.
-    async fn retry_leftovers(&self, version: u64) -> StoreResult<()> {
+    /// void — its claims went back to pending — and are dropped. Each write
+    /// runs in its own task, like every outcome write (invariant 7); after a
+    /// failure the rest are kept for the next cycle.
+    async fn retry_leftovers(self: &Arc<Self>, version: u64) -> StoreResult<()> {
         let leftovers = std::mem::take(
             &mut *self
                 .state
@@ -110,9 +112,16 @@ impl Drainer {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
         );
-        for (v, outcomes) in leftovers {
-            if v == version {
-                self.write_or_keep(version, outcomes).await?;
+        let mut leftovers = leftovers.into_iter().filter(|(v, _)| *v == version);
+        while let Some((_, outcomes)) = leftovers.next() {
+            if let Err(error) = joined(self.spawn_write(version, outcomes).await) {
+                // The failed one is kept by its task; keep the rest too.
+                self.state
+                    .leftovers
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .extend(leftovers);
+                return Err(error);
             }
         }
         Ok(())
