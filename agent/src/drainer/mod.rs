@@ -294,11 +294,12 @@ impl Drainer {
     }
 
     async fn update_stats(&self) {
+        let changes = self.depth.changes();
         match self.outbox.stats(&self.partition).await {
             Ok(stats) => {
                 self.state.stats.succeeded(&self.partition);
                 let now = SystemTime::now();
-                self.depth.set(stats.total.depth);
+                self.depth.refresh(stats.total.depth, changes);
                 for (id, b) in &self.bindings {
                     let s = stats.bindings.get(id).cloned().unwrap_or_default();
                     b.metrics.set_outbox(s.depth, s.oldest_pending_age(now));

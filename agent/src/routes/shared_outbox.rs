@@ -33,8 +33,7 @@
 //!   once when it starts and once when it clears.
 //! - After each append the drainer is woken at once.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use ferry_shared::config::Policy;
@@ -62,46 +61,66 @@ const STORE_RETRY: Duration = Duration::from_secs(1);
 
 /// Records in a partition, kept cheaply in memory for back-pressure: those
 /// stored, and those reserved by appends in progress.
+///
+/// The stored count is raised by appends and lowered by completions as they
+/// commit, and re-read from the store's `stats` now and then. A `stats`
+/// answer that raced with an append or a completion would be off by it (the
+/// store read before it, the answer applied after it) and could let intake
+/// past the limit, so a refresh is applied only if the count did not change
+/// since the read began ([`OutboxDepth::changes`], [`OutboxDepth::refresh`]).
 #[derive(Debug, Default)]
 pub struct OutboxDepth {
-    depth: AtomicU64,
-    reserved: AtomicU64,
+    counts: Mutex<DepthCounts>,
     space: Notify,
 }
 
+#[derive(Debug, Default, Clone, Copy)]
+struct DepthCounts {
+    stored: u64,
+    reserved: u64,
+    /// Appends and completions applied so far (a version for
+    /// [`OutboxDepth::refresh`]).
+    changes: u64,
+}
+
 impl OutboxDepth {
+    fn counts(&self) -> std::sync::MutexGuard<'_, DepthCounts> {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The stored count.
     pub fn get(&self) -> u64 {
-        self.depth.load(Ordering::Relaxed)
+        self.counts().stored
     }
 
     /// Stored plus reserved.
     pub fn level(&self) -> u64 {
-        self.get() + self.reserved.load(Ordering::Relaxed)
+        let c = self.counts();
+        c.stored + c.reserved
     }
 
     /// Reserves room for `n` records if the level stays within `max` (or the
     /// partition is empty: one message always fits); false otherwise.
-    /// Only one task may reserve (the check and the add are not one step).
     fn try_reserve(&self, n: u64, max: u64) -> bool {
-        let level = self.level();
+        let mut c = self.counts();
+        let level = c.stored + c.reserved;
         if level + n > max && level > 0 {
             return false;
         }
-        self.reserved.fetch_add(n, Ordering::Relaxed);
+        c.reserved += n;
         true
     }
 
     /// A reservation of `n` ends: stored when `appended`, else given back.
     fn settle_reservation(&self, n: u64, appended: bool) {
-        if appended {
-            self.add(n);
+        {
+            let mut c = self.counts();
+            c.reserved = c.reserved.saturating_sub(n);
+            if appended {
+                c.stored += n;
+                c.changes += 1;
+            }
         }
-        let _ = self
-            .reserved
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
-                Some(r.saturating_sub(n))
-            });
         if !appended {
             self.space.notify_waiters();
         }
@@ -109,22 +128,45 @@ impl OutboxDepth {
 
     /// `n` records appended.
     pub fn add(&self, n: u64) {
-        self.depth.fetch_add(n, Ordering::Relaxed);
+        let mut c = self.counts();
+        c.stored += n;
+        c.changes += 1;
     }
 
     /// `n` records completed.
     pub fn sub(&self, n: u64) {
-        let _ = self
-            .depth
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
-                Some(d.saturating_sub(n))
-            });
+        {
+            let mut c = self.counts();
+            c.stored = c.stored.saturating_sub(n);
+            c.changes += 1;
+        }
         self.space.notify_waiters();
     }
 
-    /// The count as the store reports it.
+    /// The count as the store reports it (at start, before any append).
     pub fn set(&self, n: u64) {
-        self.depth.store(n, Ordering::Relaxed);
+        self.counts().stored = n;
+        self.space.notify_waiters();
+    }
+
+    /// How many appends and completions were applied so far: read it
+    /// before a `stats` call and pass it to [`OutboxDepth::refresh`].
+    pub fn changes(&self) -> u64 {
+        self.counts().changes
+    }
+
+    /// The count as a `stats` call begun when [`OutboxDepth::changes`] was
+    /// `changes_before` reports it; ignored if the count changed since (the
+    /// in-memory count is exact for this agent's own appends and
+    /// completions; the refresh only corrects what it cannot see).
+    pub fn refresh(&self, n: u64, changes_before: u64) {
+        {
+            let mut c = self.counts();
+            if c.changes != changes_before {
+                return;
+            }
+            c.stored = n;
+        }
         self.space.notify_waiters();
     }
 }
@@ -232,8 +274,9 @@ impl OutboxWriter {
                 () = this.depth.space.notified(), if full || paused => paused_until = None,
                 () = pause_ends, if paused => paused_until = None,
                 _ = resync.tick(), if full => {
+                    let changes = this.depth.changes();
                     if let Ok(stats) = this.outbox.stats(&this.partition).await {
-                        this.depth.set(stats.total.depth);
+                        this.depth.refresh(stats.total.depth, changes);
                     }
                 }
                 delivery = receiver.recv(), if !full && !paused && in_flight.len() < if probing { 1 } else { max_in_flight } => {
@@ -382,6 +425,26 @@ mod tests {
         d.sub(3);
         d.settle_reservation(3, true);
         assert_eq!((d.get(), d.level()), (3, 3));
+    }
+
+    #[test]
+    fn a_refresh_that_raced_with_a_change_is_ignored() {
+        let d = OutboxDepth::default();
+        d.set(10);
+        let before = d.changes();
+        // The store answers 10, but an append of 2 commits meanwhile.
+        d.add(2);
+        d.refresh(10, before);
+        assert_eq!(d.get(), 12);
+        // Or a completion of 5.
+        let before = d.changes();
+        d.sub(5);
+        d.refresh(12, before);
+        assert_eq!(d.get(), 7);
+        // Nothing changed: the store's answer stands.
+        let before = d.changes();
+        d.refresh(9, before);
+        assert_eq!(d.get(), 9);
     }
 
     #[test]
