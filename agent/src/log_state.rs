@@ -6,24 +6,41 @@
 //! error and its kind), at most one reminder every [`REMIND_EVERY`] while it
 //! keeps failing (with how many attempts failed so far), and one line when it
 //! succeeds again (with how many attempts failed meanwhile and for how long).
+//! An operation that flaps (fails again within [`REMIND_EVERY`] of its last
+//! logged recovery, e.g. a nearly full store taking one append in a few)
+//! is not logged again until that time has passed: its failures are counted
+//! into the next line.
 //!
-//! Invariant: between two "recovered" lines there is exactly one "failing"
-//! line, so a reader can pair them; the state lock is never held across an
-//! `.await` (the methods are synchronous).
+//! Invariants: every "failing" line is followed by exactly one "recovered"
+//! line before the next "failing" one, so a reader can pair them; at most
+//! about two lines per operation and scope every [`REMIND_EVERY`]; the state
+//! lock is never held across an `.await` (the methods are synchronous).
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::stores::StoreError;
 
-/// How often at most a failure that lasts is logged again.
+/// How often at most a failure that lasts, or flaps, is logged again.
 pub const REMIND_EVERY: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Default)]
+struct State {
+    /// Set while the last attempt failed.
+    failing: Option<Failing>,
+    /// When the last "recovered" line was logged.
+    recovered_at: Option<Instant>,
+    /// Failures not logged yet (a flap within `REMIND_EVERY`).
+    unlogged: u64,
+}
 
 #[derive(Debug)]
 struct Failing {
     since: Instant,
     failed: u64,
-    reminded: Instant,
+    /// When a line about this failure was last logged; `None` while it is
+    /// not logged (a flap).
+    logged_at: Option<Instant>,
 }
 
 /// The failing/healthy state of one operation of one scope (a route, a
@@ -32,7 +49,7 @@ struct Failing {
 pub struct FailureLog {
     /// What fails, for the log lines: "outbox append", "drain cycle", ...
     operation: &'static str,
-    state: Mutex<Option<Failing>>,
+    state: Mutex<State>,
 }
 
 impl FailureLog {
@@ -40,7 +57,7 @@ impl FailureLog {
     pub fn new(operation: &'static str) -> Self {
         Self {
             operation,
-            state: Mutex::new(None),
+            state: Mutex::new(State::default()),
         }
     }
 
@@ -49,43 +66,51 @@ impl FailureLog {
     pub fn failed(&self, scope: &str, error: &StoreError) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
-        match state.as_mut() {
-            None => {
+        let recent = |t: Option<Instant>| t.is_some_and(|t| now.duration_since(t) < REMIND_EVERY);
+        let flap = recent(state.recovered_at);
+        let unlogged = std::mem::take(&mut state.unlogged);
+        let f = state.failing.get_or_insert(Failing {
+            since: now,
+            failed: unlogged,
+            logged_at: None,
+        });
+        f.failed += 1;
+        match f.logged_at {
+            None if !flap => {
+                f.logged_at = Some(now);
                 tracing::warn!(
                     scope,
                     operation = self.operation,
                     kind = kind(error),
                     %error,
+                    failed = f.failed,
                     "store operation failing; logged again when it recovers (or every 30s)"
                 );
-                *state = Some(Failing {
-                    since: now,
-                    failed: 1,
-                    reminded: now,
-                });
             }
-            Some(f) => {
-                f.failed += 1;
-                if now.duration_since(f.reminded) >= REMIND_EVERY {
-                    f.reminded = now;
-                    tracing::warn!(
-                        scope,
-                        operation = self.operation,
-                        kind = kind(error),
-                        %error,
-                        failed = f.failed,
-                        for_secs = now.duration_since(f.since).as_secs(),
-                        "store operation still failing"
-                    );
-                }
+            Some(at) if !recent(Some(at)) => {
+                f.logged_at = Some(now);
+                tracing::warn!(
+                    scope,
+                    operation = self.operation,
+                    kind = kind(error),
+                    %error,
+                    failed = f.failed,
+                    for_secs = now.duration_since(f.since).as_secs(),
+                    "store operation still failing"
+                );
             }
+            _ => {}
         }
     }
 
-    /// One attempt succeeded: logs the recovery if it was failing.
+    /// One attempt succeeded: logs the recovery if its failure was logged.
     pub fn succeeded(&self, scope: &str) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(f) = state.take() {
+        let Some(f) = state.failing.take() else {
+            return;
+        };
+        if f.logged_at.is_some() {
+            state.recovered_at = Some(Instant::now());
             tracing::info!(
                 scope,
                 operation = self.operation,
@@ -93,6 +118,9 @@ impl FailureLog {
                 for_ms = u64::try_from(f.since.elapsed().as_millis()).unwrap_or(u64::MAX),
                 "store operation recovered"
             );
+        } else {
+            // A flap: counted into the next line.
+            state.unlogged = f.failed;
         }
     }
 
@@ -101,6 +129,7 @@ impl FailureLog {
         self.state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .failing
             .is_some()
     }
 }
@@ -136,5 +165,25 @@ mod tests {
         // A success while healthy changes nothing.
         log.succeeded("r");
         assert!(!log.is_failing());
+    }
+
+    #[test]
+    fn a_flap_is_not_logged_but_counted_into_the_next_line() {
+        let log = FailureLog::new("outbox append");
+        log.failed("r", &StoreError::Full("disk".into()));
+        log.succeeded("r");
+        // Fails again right after its logged recovery: not logged.
+        for _ in 0..3 {
+            log.failed("r", &StoreError::Full("disk".into()));
+        }
+        {
+            let state = log.state.lock().expect("lock");
+            let f = state.failing.as_ref().expect("failing");
+            assert_eq!((f.failed, f.logged_at), (3, None));
+        }
+        log.succeeded("r");
+        log.failed("r", &StoreError::Full("disk".into()));
+        let state = log.state.lock().expect("lock");
+        assert_eq!(state.failing.as_ref().map(|f| f.failed), Some(4));
     }
 }

@@ -101,9 +101,9 @@ async fn a_lease_loss_leaves_nothing_in_flight() -> anyhow::Result<()> {
 }
 
 /// The outbox is capped small (`max_size_bytes`) and the destination is down: appends fail
-/// as a full store and intake stops. `ferry_outbox_depth` tells the records really there,
-/// not 0 or a stale figure, also after a restart on the full outbox; after the destination
-/// returns everything arrives.
+/// as a full store and intake stops, logged once rather than once per attempt.
+/// `ferry_outbox_depth` tells the records really there, not 0 or a stale figure, also after
+/// a restart on the full outbox; after the destination returns everything arrives.
 #[tokio::test]
 async fn the_depth_gauge_is_true_while_the_outbox_is_full() -> anyhow::Result<()> {
     const N: u64 = 400;
@@ -175,6 +175,18 @@ async fn the_depth_gauge_is_true_while_the_outbox_is_full() -> anyhow::Result<()
         );
     }
     assert!(stored < N, "the outbox was meant to fill: {stored}");
+    // One line per change of state, not one per failed append or cycle.
+    let output = agent.output();
+    let warnings = output
+        .lines()
+        .filter(|l| {
+            l.contains(" WARN ") && (l.contains("outbox append") || l.contains("drain cycle"))
+        })
+        .count();
+    assert!(
+        warnings <= 6,
+        "{warnings} warnings about failing appends or cycles:\n{output}"
+    );
 
     // A restart on the full outbox, the broker redelivering into it: the gauge tells the depth
     // within a few seconds, not 0 until a drain cycle ends well.
