@@ -7,6 +7,8 @@
 //!   versions), the lease store and the dead-letter queue, each a trait with
 //!   `memory` and `sqlite` backends and one conformance suite.
 //! - [`metrics`]: every metric, defined once; the conservation counters.
+//!   [`log_state`]: one log line per change of state of a failing store
+//!   operation.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, and
 //!   the local `DlqService` over gRPC).
 //! - [`runtime`]: builds a running bridge from a validated configuration and
@@ -20,6 +22,7 @@
 
 pub mod admin;
 pub mod drainer;
+pub mod log_state;
 pub mod metrics;
 pub mod routes;
 pub mod runtime;

@@ -10,6 +10,7 @@
 mod agent_delivery;
 mod agent_direct_hold;
 mod agent_failures;
+mod agent_figures;
 mod agent_ingress;
 mod agent_support;
 mod control_plane;

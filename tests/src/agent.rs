@@ -92,6 +92,21 @@ impl Agent {
             .unwrap_or_default()
     }
 
+    /// Everything the agent wrote to stdout and stderr so far (this run).
+    pub fn output(&self) -> String {
+        self.process
+            .as_ref()
+            .map(|p| format!("{}{}", p.stdout(), p.stderr()))
+            .unwrap_or_default()
+    }
+
+    /// The current `/metrics` text.
+    pub fn metrics_text(&self) -> anyhow::Result<String> {
+        let (status, body) = http_get(self.port, "/metrics")?;
+        anyhow::ensure!(status == 200, "/metrics answered {status}");
+        Ok(body)
+    }
+
     /// The current `/metrics`, parsed.
     pub fn metrics(&self) -> anyhow::Result<Metrics> {
         let (status, body) = http_get(self.port, "/metrics")?;
@@ -105,6 +120,22 @@ impl Agent {
             p.sigkill()?;
         }
         Ok(())
+    }
+
+    /// SIGSTOP: the agent freezes (a long GC pause, a stopped VM) until [`Self::cont`].
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        self.process
+            .as_mut()
+            .context("the agent is not running")?
+            .signal("STOP")
+    }
+
+    /// SIGCONT after [`Self::stop`].
+    pub fn cont(&mut self) -> anyhow::Result<()> {
+        self.process
+            .as_mut()
+            .context("the agent is not running")?
+            .signal("CONT")
     }
 
     /// Starts the agent again (same configuration, id and admin port) after [`Self::kill`]

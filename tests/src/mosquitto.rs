@@ -174,6 +174,23 @@ impl Mosquitto {
         text
     }
 
+    /// SIGSTOP: the broker keeps its connections open but answers nothing (a hung broker)
+    /// until [`Self::cont`].
+    pub fn stop_signal(&mut self) -> anyhow::Result<()> {
+        self.process
+            .as_mut()
+            .context("mosquitto is not running")?
+            .signal("STOP")
+    }
+
+    /// SIGCONT after [`Self::stop_signal`].
+    pub fn cont(&mut self) -> anyhow::Result<()> {
+        self.process
+            .as_mut()
+            .context("mosquitto is not running")?
+            .signal("CONT")
+    }
+
     /// True while the broker process runs.
     pub fn is_running(&mut self) -> bool {
         self.process.as_mut().is_some_and(ChildProcess::is_running)

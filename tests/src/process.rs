@@ -178,6 +178,34 @@ impl ChildProcess {
         Ok(())
     }
 
+    /// Sends `signal` (a name `kill` understands: `STOP`, `CONT`, ...) to a running process.
+    pub fn signal(&mut self, signal: &str) -> anyhow::Result<()> {
+        if self.try_status()?.is_some() {
+            bail!(
+                "cannot send SIG{signal} to {}: it has already exited",
+                self.name
+            );
+        }
+        let status = Command::new("sh")
+            .args([
+                "-c",
+                "kill -s \"$1\" \"$2\"",
+                "sh",
+                signal,
+                &self.pid().to_string(),
+            ])
+            .status()
+            .with_context(|| format!("running sh to send SIG{signal}"))?;
+        if !status.success() {
+            bail!(
+                "sending SIG{signal} to {} (pid {}) failed: {status}",
+                self.name,
+                self.pid()
+            );
+        }
+        Ok(())
+    }
+
     /// Waits up to `timeout` for the process to exit and returns its status. The error includes
     /// the end of its output.
     pub async fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {

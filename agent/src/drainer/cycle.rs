@@ -3,18 +3,19 @@
 //! in as few store calls as possible.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::sync::{Arc, PoisonError};
+use std::time::SystemTime;
 
 use futures::StreamExt;
 use futures::future::{BoxFuture, OptionFuture};
 use futures::stream::FuturesUnordered;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{Drainer, SEND_WINDOW, STATS_EVERY};
+use super::{Drainer, SEND_WINDOW};
 use crate::metrics::Terminal;
-use crate::routes::{Failure, dispose};
-use crate::stores::{DlqReason, OutboxRecord, Release, StoreResult};
+use crate::routes::{Failure, write_disposal};
+use crate::stores::{DlqReason, OutboxRecord, Release, StoreError, StoreResult};
 use crate::transports::{Address, SendError};
 use ferry_shared::config::FailureAction;
 
@@ -46,7 +47,7 @@ impl Lane {
 
 /// Outcomes waiting to be written.
 #[derive(Default)]
-struct Outcomes {
+pub(super) struct Outcomes {
     accepted: Vec<OutboxRecord>,
     /// Expired since the cycle's sweep: `on_expired` applies.
     expired: Vec<OutboxRecord>,
@@ -68,14 +69,15 @@ impl Outcomes {
 type SendOutcome = (OutboxRecord, Result<(), SendError>);
 
 impl Drainer {
-    /// Expires what is due and drains the partition (see [`Drainer::drain`]).
-    /// After `stop` no more is claimed; what is in flight finishes.
+    /// Writes what an earlier cycle under `version` could not, then expires
+    /// what is due and drains the partition (see [`Drainer::drain`]). After
+    /// `stop` no more is claimed; what is in flight finishes.
     pub(super) async fn cycle(
-        &self,
+        self: &Arc<Self>,
         version: u64,
-        last_stats: &mut Option<Instant>,
         stop: &CancellationToken,
     ) -> StoreResult<Report> {
+        self.retry_leftovers(version).await?;
         let now = SystemTime::now();
         let expiry = async {
             let expired = self
@@ -83,18 +85,76 @@ impl Drainer {
                 .expire(&self.partition, &self.owner, version, now, self.batch)
                 .await?;
             if !expired.is_empty() {
-                self.finish_expired(version, expired).await?;
+                let outcomes = Outcomes {
+                    expired,
+                    ..Outcomes::default()
+                };
+                joined(self.spawn_write(version, outcomes).await)?;
             }
             Ok(())
         };
         let (expiry, report) = tokio::join!(expiry, self.drain(version, stop));
         let report = report?;
         expiry?;
-        if last_stats.is_none_or(|t| t.elapsed() >= STATS_EVERY) {
-            *last_stats = Some(Instant::now());
-            self.update_stats().await;
-        }
         Ok(report)
+    }
+
+    /// Writes again the outcomes whose write failed under `version` (their
+    /// records are still claimed under it); those of an older version are
+    /// void — its claims went back to pending — and are dropped. Each write
+    /// runs in its own task, like every outcome write (invariant 7); after a
+    /// failure the rest are kept for the next cycle.
+    async fn retry_leftovers(self: &Arc<Self>, version: u64) -> StoreResult<()> {
+        let leftovers = std::mem::take(
+            &mut *self
+                .state
+                .leftovers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        let mut leftovers = leftovers.into_iter().filter(|(v, _)| *v == version);
+        while let Some((_, outcomes)) = leftovers.next() {
+            if let Err(error) = joined(self.spawn_write(version, outcomes).await) {
+                // The failed one is kept by its task; keep the rest too.
+                self.state
+                    .leftovers
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .extend(leftovers);
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `outcomes` in a task of its own, so that the write — and the
+    /// counting of what it completed — finishes even if the cycle is dropped
+    /// (lease loss): a completion handed to the store is counted exactly when
+    /// the store applied it.
+    fn spawn_write(
+        self: &Arc<Self>,
+        version: u64,
+        outcomes: Outcomes,
+    ) -> JoinHandle<StoreResult<()>> {
+        let this = Arc::clone(self);
+        tokio::spawn(async move { this.write_or_keep(version, outcomes).await })
+    }
+
+    /// [`Drainer::write_outcomes`]; on failure keeps `outcomes` for the next
+    /// cycle under the same version (unless fenced out: then the claims are
+    /// void and nothing is left to write).
+    async fn write_or_keep(&self, version: u64, outcomes: Outcomes) -> StoreResult<()> {
+        let result = self.write_outcomes(version, &outcomes).await;
+        if let Err(error) = &result
+            && !matches!(error, StoreError::Stale(_))
+        {
+            self.state
+                .leftovers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((version, outcomes));
+        }
+        result
     }
 
     /// Claims batches and sends them until the partition is empty, a send
@@ -110,7 +170,11 @@ impl Drainer {
     /// cycle ends once everything in flight is settled, so the next one
     /// starts again at the lowest pending `seq` of every binding. After
     /// `stop` or a failed write every lane stops that way.
-    async fn drain(&self, version: u64, stop: &CancellationToken) -> StoreResult<Report> {
+    async fn drain(
+        self: &Arc<Self>,
+        version: u64,
+        stop: &CancellationToken,
+    ) -> StoreResult<Report> {
         let mut report = Report::default();
         if !*self.connected.borrow() {
             return Ok(report);
@@ -119,7 +183,7 @@ impl Drainer {
         let mut sends: FuturesUnordered<BoxFuture<'static, SendOutcome>> = FuturesUnordered::new();
         let mut outcomes = Outcomes::default();
         let mut claiming: Option<BoxFuture<'_, StoreResult<Vec<OutboxRecord>>>> = None;
-        let mut writing: Option<BoxFuture<'_, StoreResult<()>>> = None;
+        let mut writing: Option<JoinHandle<StoreResult<()>>> = None;
         // Claimed and not yet settled: queued, in flight, in `outcomes` or
         // being written.
         let mut unsettled = 0usize;
@@ -153,7 +217,7 @@ impl Drainer {
             if writing.is_none() && (outcomes.len() >= self.batch || (idle && outcomes.len() > 0)) {
                 let taken = std::mem::take(&mut outcomes);
                 writing_count = taken.len();
-                writing = Some(Box::pin(self.write_outcomes(version, taken)));
+                writing = Some(self.spawn_write(version, taken));
             }
             if claiming.is_none() && writing.is_none() && sends.is_empty() {
                 break;
@@ -194,10 +258,11 @@ impl Drainer {
                 Some(written) = OptionFuture::from(writing.as_mut()), if writing.is_some() => {
                     writing = None;
                     unsettled -= writing_count;
-                    if let Err(e) = written {
-                        // Those records stay claimed until they are stale.
-                        // Start nothing more; what is in flight finishes and
-                        // its outcome is still written if the store allows.
+                    if let Err(e) = joined(written) {
+                        // Those outcomes are written again before the next
+                        // claim (`retry_leftovers`). Start nothing more; what
+                        // is in flight finishes and its outcome is still
+                        // written if the store allows.
                         interrupted = true;
                         halt(&mut lanes, &mut outcomes);
                         error.get_or_insert(e);
@@ -306,42 +371,45 @@ impl Drainer {
 
     /// Dead-letters (or drops) what must be, then writes every outcome (see
     /// [`Drainer::settle`]). A record whose DLQ write failed is released
-    /// untried and retried.
-    async fn write_outcomes(&self, version: u64, outcomes: Outcomes) -> StoreResult<()> {
+    /// untried and retried. Safe to repeat: a DLQ write is idempotent by id,
+    /// and `complete` and `release` act only on records still claimed under
+    /// `version`, so nothing is counted twice.
+    async fn write_outcomes(&self, version: u64, outcomes: &Outcomes) -> StoreResult<()> {
         let Outcomes {
             accepted,
             expired,
             dead,
             failed,
-            mut untried,
+            untried,
         } = outcomes;
-        let expired = expired.into_iter().map(|r| {
-            let f = expiry_failure(&r);
-            (r, f, self.on_expired)
-        });
+        let expired = expired
+            .iter()
+            .map(|r| (r, expiry_failure(r), self.on_expired));
         let dead = dead
-            .into_iter()
-            .map(|(r, f)| (r, f, self.on_permanent_failure));
-        let (done, retry) = self.dispose_all(expired.chain(dead)).await;
+            .iter()
+            .map(|(r, f)| (r, f.clone(), self.on_permanent_failure));
+        let (disposed, retry) = self.dispose_all(expired.chain(dead)).await;
+        let mut untried = untried.clone();
         untried.extend(retry);
-        let failed: Vec<(String, Vec<u64>)> = failed.into_iter().collect();
-        self.settle(version, &done, &accepted, failed, &untried)
+        self.settle(version, &disposed, accepted, failed, &untried)
             .await
     }
 
-    /// Applies each record's failure action; returns the seqs disposed of and
-    /// those to retry (their DLQ write failed, or their binding is unknown).
-    async fn dispose_all(
+    /// Applies each record's failure action (without counting it: see
+    /// [`Drainer::settle`]); returns the records disposed of with their
+    /// terminal state, and the seqs to retry (their DLQ write failed, or
+    /// their binding is unknown).
+    async fn dispose_all<'r>(
         &self,
-        records: impl Iterator<Item = (OutboxRecord, Failure, FailureAction)>,
-    ) -> (Vec<u64>, Vec<u64>) {
+        records: impl Iterator<Item = (&'r OutboxRecord, Failure, FailureAction)>,
+    ) -> (Vec<(&'r OutboxRecord, Terminal)>, Vec<u64>) {
         let (mut done, mut retry) = (Vec::new(), Vec::new());
         for (r, failure, action) in records {
             let Some(binding) = self.bindings.get(&r.binding) else {
                 retry.push(r.seq);
                 continue;
             };
-            match dispose(
+            match write_disposal(
                 &self.identity,
                 self.dlq.as_ref(),
                 action,
@@ -349,28 +417,21 @@ impl Drainer {
                 r.id.clone(),
                 &r.envelope,
                 failure,
-                r.created_at,
-                false,
             )
             .await
             {
-                Ok(_) => done.push(r.seq),
+                Ok((terminal, _)) => {
+                    self.state.dlq_writes.succeeded(&self.partition);
+                    done.push((r, terminal));
+                }
                 Err(error) => {
-                    tracing::warn!(partition = %self.partition, seq = r.seq, %error, "dlq write failed; the record is retried");
+                    tracing::debug!(partition = %self.partition, seq = r.seq, %error, "dlq write failed; the record is retried");
+                    self.state.dlq_writes.failed(&self.partition, &error);
                     retry.push(r.seq);
                 }
             }
         }
         (done, retry)
-    }
-
-    async fn finish_expired(&self, version: u64, records: Vec<OutboxRecord>) -> StoreResult<()> {
-        let records = records.into_iter().map(|r| {
-            let f = expiry_failure(&r);
-            (r, f, self.on_expired)
-        });
-        let (done, retry) = self.dispose_all(records).await;
-        self.settle(version, &done, &[], Vec::new(), &retry).await
     }
 
     fn exhausted(&self, replay_count: u32, first: Option<SystemTime>, now: SystemTime) -> bool {
@@ -380,29 +441,35 @@ impl Drainer {
 
     /// Writes the cycle's outcome: one `complete` for everything terminal
     /// (accepted or disposed), one counted `release` per distinct error, one
-    /// uncounted `release` for the rest. Counts what was sent.
+    /// uncounted `release` for the rest. Counts each record the `complete`
+    /// deleted — and only those — as `sent` or its disposal's terminal state
+    /// (see the module's counting invariant).
     async fn settle(
         &self,
         version: u64,
-        disposed: &[u64],
+        disposed: &[(&OutboxRecord, Terminal)],
         accepted: &[OutboxRecord],
-        failed: Vec<(String, Vec<u64>)>,
+        failed: &BTreeMap<String, Vec<u64>>,
         untried: &[u64],
     ) -> StoreResult<()> {
-        let mut complete: Vec<u64> = disposed.to_vec();
-        complete.extend(accepted.iter().map(|r| r.seq));
-        if !complete.is_empty() {
+        let terminal: Vec<(&OutboxRecord, Terminal)> = accepted
+            .iter()
+            .map(|r| (r, Terminal::Sent))
+            .chain(disposed.iter().copied())
+            .collect();
+        if !terminal.is_empty() {
+            let seqs: Vec<u64> = terminal.iter().map(|(r, _)| r.seq).collect();
             let done = self
                 .outbox
-                .complete(&self.partition, version, &complete)
+                .complete(&self.partition, version, &seqs)
                 .await?;
             let now = SystemTime::now();
-            for r in accepted {
+            for (r, t) in &terminal {
                 if done.binary_search(&r.seq).is_ok()
                     && let Some(b) = self.bindings.get(&r.binding)
                 {
                     b.metrics
-                        .finished(Terminal::Sent, 1, now.duration_since(r.created_at).ok());
+                        .finished(*t, 1, now.duration_since(r.created_at).ok());
                 }
             }
             self.depth.sub(done.len() as u64);
@@ -413,9 +480,9 @@ impl Drainer {
                 .release(
                     &self.partition,
                     version,
-                    &seqs,
+                    seqs,
                     Release::Failed {
-                        error,
+                        error: error.clone(),
                         attempted_at,
                     },
                 )
@@ -428,22 +495,12 @@ impl Drainer {
         }
         Ok(())
     }
+}
 
-    async fn update_stats(&self) {
-        match self.outbox.stats(&self.partition).await {
-            Ok(stats) => {
-                let now = SystemTime::now();
-                self.depth.set(stats.total.depth);
-                for (id, b) in &self.bindings {
-                    let s = stats.bindings.get(id).cloned().unwrap_or_default();
-                    b.metrics.set_outbox(s.depth, s.oldest_pending_age(now));
-                }
-            }
-            Err(error) => {
-                tracing::debug!(partition = %self.partition, %error, "outbox stats failed")
-            }
-        }
-    }
+/// A write task's result; a task that panicked or was aborted wrote nothing
+/// certain.
+fn joined(result: Result<StoreResult<()>, tokio::task::JoinError>) -> StoreResult<()> {
+    result.unwrap_or_else(|e| Err(StoreError::Unavailable(format!("outcome write task: {e}"))))
 }
 
 /// Stops every lane: its queued records go back untried.

@@ -5,8 +5,9 @@
 //! 1. **Only the lease holder drains.** [`lease`] acquires the partition's
 //!    lease and renews it every `renew_interval`; the drain loop runs cycles
 //!    only under the version it holds. On loss the current cycle is dropped at
-//!    once — its completions would be rejected as stale anyway — and a new
-//!    holder's higher version takes every claim back. At start the drainer
+//!    once (sends in flight are abandoned; outcomes already handed to the
+//!    store are still written, see invariant 7) and a new holder's higher
+//!    version takes every claim back. At start the drainer
 //!    releases a grant its own previous incarnation still holds (same agent
 //!    id), so a restart fences out the dead process at once instead of waiting
 //!    for its claims to go stale.
@@ -42,7 +43,32 @@
 //!    ends, so the next cycle starts again at the lowest pending `seq` of
 //!    every binding. On lease loss the cycle is dropped (the new holder's
 //!    version takes its claims back); at shutdown it claims nothing more and
-//!    finishes within the grace period.
+//!    finishes within the grace period. Outcomes whose write failed are kept
+//!    and written again before the next claim under the same version, so a
+//!    failed write does not leave records claimed until they are stale.
+//! 7. **Each record is counted once, when its completion commits.** For
+//!    every binding `received = sent + dropped + filtered + expired +
+//!    dead_lettered + in_flight` holds exactly, whatever happens to the lease:
+//!    a record is `received` once, when its append commits (or at start, for
+//!    records left by a previous run), and leaves `in_flight` only in the
+//!    write task that completed it, for exactly the seqs the store's
+//!    `complete` reports deleted — as `sent`, or as the terminal state of its
+//!    disposal (a DLQ write or a drop is not counted by itself). Writes run
+//!    in a task of their own, so a completion handed to the store is counted
+//!    even when the cycle that started it is dropped on a lease loss. A
+//!    completion rejected as `Stale` (a newer version took the claims back)
+//!    deletes nothing and counts nothing: the records are pending again, and
+//!    are counted when the holder that sends them again completes them. A
+//!    record completed by another agent stays in this agent's `in_flight`:
+//!    the law holds per agent for the records it completes.
+//! 8. **The figures do not depend on the cycle's fate.** The depth and
+//!    oldest-age gauges are refreshed from the store's `stats` every
+//!    [`STATS_EVERY`], whether or not this agent holds the lease or its last
+//!    cycle failed; while `stats` fails they keep their last value (the
+//!    writer's in-memory depth is a partition total including appends in
+//!    flight, not a per-binding figure, so it is not substituted). A failing
+//!    cycle, DLQ write or `stats` is logged once when it starts failing and
+//!    once when it recovers ([`FailureLog`]).
 //!
 //! Work arrives through a [`Notify`] the writer signals after each append;
 //! otherwise the fallback poll is `drain_interval` or adaptive backoff.
@@ -54,14 +80,15 @@ mod poll;
 mod tests;
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use ferry_shared::config::{DrainPoll, FailureAction};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::ReadinessCondition;
+use crate::log_state::FailureLog;
 use crate::metrics::RouteMetrics;
 use crate::routes::shared_outbox::OutboxDepth;
 use crate::routes::{RouteBinding, RouteIdentity};
@@ -125,6 +152,30 @@ pub struct Drainer {
     pub route_metrics: RouteMetrics,
     /// "lease of route X resolved" (we know whether we hold it).
     pub lease_resolved: ReadinessCondition,
+    /// What the drainer keeps between cycles (`DrainerState::default()`).
+    pub state: DrainerState,
+}
+
+/// What a drainer keeps between cycles: outcomes to write again, and the
+/// failing/healthy state of its store operations for the logs.
+pub struct DrainerState {
+    /// Outcomes whose write failed, with the version they were claimed
+    /// under (invariant 6).
+    leftovers: Mutex<Vec<(u64, cycle::Outcomes)>>,
+    cycles: FailureLog,
+    dlq_writes: FailureLog,
+    stats: FailureLog,
+}
+
+impl Default for DrainerState {
+    fn default() -> Self {
+        Self {
+            leftovers: Mutex::new(Vec::new()),
+            cycles: FailureLog::new("drain cycle"),
+            dlq_writes: FailureLog::new("drainer dlq write"),
+            stats: FailureLog::new("outbox stats"),
+        }
+    }
 }
 
 impl Drainer {
@@ -135,8 +186,9 @@ impl Drainer {
         let this = Arc::new(self);
         let (lease_tx, lease_rx) = watch::channel(None);
         let keeper = lease::keep(Arc::clone(&this), lease_tx, shutdown.clone());
-        let drain = Arc::clone(&this).drain_loop(lease_rx, shutdown);
-        let (held, ()) = tokio::join!(keeper, drain);
+        let drain = Arc::clone(&this).drain_loop(lease_rx, shutdown.clone());
+        let stats = this.stats_loop(shutdown);
+        let (held, (), ()) = tokio::join!(keeper, drain, stats);
         if let Some(version) = held {
             match this
                 .leases
@@ -171,7 +223,6 @@ impl Drainer {
                 }
             };
             tracing::info!(partition = %self.partition, version, "draining");
-            let mut last_stats = None;
             loop {
                 let mut lost = lease.clone();
                 let lost = async move {
@@ -179,7 +230,7 @@ impl Drainer {
                     let _ = lost.wait_for(|v| *v != Some(version)).await;
                 };
                 tokio::pin!(lost);
-                let mut cycle = Box::pin(self.cycle(version, &mut last_stats, &shutdown));
+                let mut cycle = Box::pin(self.cycle(version, &shutdown));
                 let report = tokio::select! {
                     biased;
                     () = &mut lost => break,
@@ -197,6 +248,9 @@ impl Drainer {
                 // A cycle drains until the partition is empty, so the next
                 // waits for a write (whose wake-up may already be pending),
                 // a reconnect or the fallback poll.
+                if report.is_ok() {
+                    self.state.cycles.succeeded(&self.partition);
+                }
                 match report {
                     Ok(r) if r.claimed > 0 => poll.reset(),
                     Ok(_) => poll.empty(),
@@ -207,7 +261,7 @@ impl Drainer {
                         poll.empty();
                     }
                     Err(error) => {
-                        tracing::warn!(partition = %self.partition, %error, "drain cycle failed");
+                        self.state.cycles.failed(&self.partition, &error);
                         poll.empty();
                     }
                 }
@@ -221,6 +275,37 @@ impl Drainer {
                 }
             }
             tracing::warn!(partition = %self.partition, version, "lease lost; stopped draining");
+        }
+    }
+}
+
+impl Drainer {
+    /// Refreshes the depth and oldest-age gauges every [`STATS_EVERY`] until
+    /// `shutdown` (invariant 8).
+    async fn stats_loop(&self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(STATS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => self.update_stats().await,
+            }
+        }
+    }
+
+    async fn update_stats(&self) {
+        let changes = self.depth.changes();
+        match self.outbox.stats(&self.partition).await {
+            Ok(stats) => {
+                self.state.stats.succeeded(&self.partition);
+                let now = SystemTime::now();
+                self.depth.refresh(stats.total.depth, changes);
+                for (id, b) in &self.bindings {
+                    let s = stats.bindings.get(id).cloned().unwrap_or_default();
+                    b.metrics.set_outbox(s.depth, s.oldest_pending_age(now));
+                }
+            }
+            Err(error) => self.state.stats.failed(&self.partition, &error),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Drain cycles against memory stores and a scripted sender.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -15,8 +16,12 @@ use crate::metrics::Metrics;
 use crate::routes::shared_outbox::OutboxDepth;
 use crate::routes::{RouteBinding, RouteIdentity};
 use crate::stores::memory::{MemoryDlqStore, MemoryLeaseStore, MemoryOutboxStore};
-use crate::stores::{DlqFilter, DlqReason, DlqStore, NewRecord, OutboxStore, PageRequest};
+use crate::stores::{
+    DlqFilter, DlqReason, DlqStore, NewRecord, OutboxRecord, OutboxStats, OutboxStore, PageRequest,
+    Release, StoreError, StoreResult,
+};
 use crate::transports::{Address, SendError, SendFuture, Sender};
+use futures::future::BoxFuture;
 
 const P: &str = "b/r";
 
@@ -65,9 +70,96 @@ fn envelope(payload: &str, expires_at: Option<SystemTime>) -> Envelope {
     }
 }
 
+/// The memory outbox with injected faults on `complete`: the next
+/// `fail_completes` fail before anything is applied; with `hold`, a
+/// completion is applied at once but its answer waits for `release` (a
+/// commit whose reply is still on its way, as with SQLite's writer thread).
+#[derive(Default)]
+struct Faults {
+    fail_completes: AtomicUsize,
+    hold: AtomicBool,
+    entered: Notify,
+    release: Notify,
+}
+
+struct Faulty {
+    inner: Arc<MemoryOutboxStore>,
+    faults: Arc<Faults>,
+}
+
+impl OutboxStore for Faulty {
+    fn append<'a>(
+        &'a self,
+        partition: &'a str,
+        records: Vec<NewRecord>,
+    ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+        self.inner.append(partition, records)
+    }
+
+    fn claim<'a>(
+        &'a self,
+        partition: &'a str,
+        owner: &'a str,
+        version: u64,
+        limit: usize,
+        now: SystemTime,
+    ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
+        self.inner.claim(partition, owner, version, limit, now)
+    }
+
+    fn complete<'a>(
+        &'a self,
+        partition: &'a str,
+        version: u64,
+        seqs: &'a [u64],
+    ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+        Box::pin(async move {
+            let f = &self.faults;
+            if f.fail_completes
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(StoreError::Unavailable("injected".into()));
+            }
+            let done = self.inner.complete(partition, version, seqs).await;
+            if f.hold.load(Ordering::SeqCst) {
+                f.entered.notify_one();
+                f.release.notified().await;
+            }
+            done
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        partition: &'a str,
+        version: u64,
+        seqs: &'a [u64],
+        release: Release,
+    ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+        self.inner.release(partition, version, seqs, release)
+    }
+
+    fn expire<'a>(
+        &'a self,
+        partition: &'a str,
+        owner: &'a str,
+        version: u64,
+        now: SystemTime,
+        limit: usize,
+    ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
+        self.inner.expire(partition, owner, version, now, limit)
+    }
+
+    fn stats<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<OutboxStats>> {
+        self.inner.stats(partition)
+    }
+}
+
 struct Fixture {
-    drainer: Drainer,
+    drainer: Arc<Drainer>,
     outbox: Arc<MemoryOutboxStore>,
+    faults: Arc<Faults>,
     dlq: Arc<MemoryDlqStore>,
     sender: Arc<Scripted>,
     _connected: watch::Sender<bool>,
@@ -86,6 +178,7 @@ fn fixture(
         connected: rx.clone(),
     });
     let outbox = Arc::new(MemoryOutboxStore::new(Duration::from_secs(300)));
+    let faults = Arc::new(Faults::default());
     let dlq = Arc::new(MemoryDlqStore::new());
     let bindings: HashMap<String, RouteBinding> = ["x", "y"]
         .iter()
@@ -110,7 +203,10 @@ fn fixture(
         holder: "a".into(),
         owner: "a/1".into(),
         bindings,
-        outbox: Arc::clone(&outbox) as Arc<dyn OutboxStore>,
+        outbox: Arc::new(Faulty {
+            inner: Arc::clone(&outbox),
+            faults: Arc::clone(&faults),
+        }) as Arc<dyn OutboxStore>,
         leases: Arc::new(MemoryLeaseStore::new()),
         dlq: Some(Arc::clone(&dlq) as Arc<dyn DlqStore>),
         sender: Arc::clone(&sender) as Arc<dyn Sender>,
@@ -128,10 +224,12 @@ fn fixture(
         replay_budget: replay.1,
         route_metrics: metrics.route("b", "r"),
         lease_resolved: Readiness::default().condition("lease"),
+        state: Default::default(),
     };
     Fixture {
-        drainer,
+        drainer: Arc::new(drainer),
         outbox,
+        faults,
         dlq,
         sender,
         _connected: tx,
@@ -154,7 +252,7 @@ async fn append(f: &Fixture, binding: &str, payloads: std::ops::Range<u32>) {
 
 async fn cycle(f: &Fixture) -> usize {
     f.drainer
-        .cycle(1, &mut None, &CancellationToken::new())
+        .cycle(1, &CancellationToken::new())
         .await
         .expect("cycle")
         .claimed
@@ -276,7 +374,7 @@ async fn expiry_runs_while_disconnected_and_nothing_is_sent() {
 #[tokio::test]
 async fn pipelined_batches_keep_order_and_complete_everything() {
     let mut f = fixture(None, true, (5, Duration::from_secs(900)));
-    f.drainer.batch = 4;
+    Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 4;
     append(&f, "x", 0..5).await;
     append(&f, "y", 0..3).await;
     append(&f, "x", 5..10).await;
@@ -302,7 +400,7 @@ async fn a_failure_releases_the_batch_claimed_ahead_untried() {
         true,
         (5, Duration::from_secs(900)),
     );
-    f.drainer.batch = 4;
+    Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 4;
     append(&f, "x", 0..12).await;
     assert_eq!(cycle(&f).await, 8, "the next batch was claimed ahead");
     let sent = f.sender.sent.lock().expect("lock").len();
@@ -321,7 +419,7 @@ async fn a_failure_releases_the_batch_claimed_ahead_untried() {
 async fn expired_records_past_the_sweep_are_disposed_of_not_claimed_forever() {
     let mut f = fixture(None, true, (5, Duration::from_secs(900)));
     // The sweep takes one batch; the claims meet the other expired records.
-    f.drainer.batch = 2;
+    Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 2;
     let past = SystemTime::now() - Duration::from_secs(1);
     let mut records: Vec<NewRecord> = (0..5)
         .map(|i| {
@@ -351,7 +449,7 @@ async fn a_stopped_cycle_claims_nothing() {
     append(&f, "x", 0..3).await;
     let stop = CancellationToken::new();
     stop.cancel();
-    let report = f.drainer.cycle(1, &mut None, &stop).await.expect("cycle");
+    let report = f.drainer.cycle(1, &stop).await.expect("cycle");
     assert_eq!(report.claimed, 0);
     assert!(f.sender.sent.lock().expect("lock").is_empty());
     let left = f.outbox.dump(P).expect("dump");
@@ -359,4 +457,77 @@ async fn a_stopped_cycle_claims_nothing() {
         left.iter().all(|r| r.claim.is_none()),
         "nothing left claimed"
     );
+}
+
+/// Waits, with a deadline, until binding `b` has counted `n` sent.
+async fn sent_reaches(f: &Fixture, b: &str, n: u64) {
+    let metrics = f.drainer.bindings[b].metrics.clone();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while metrics.counts().sent < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{b}: sent stayed at {}", metrics.counts().sent));
+}
+
+#[tokio::test]
+async fn a_completion_is_counted_even_when_its_cycle_is_dropped() {
+    // A lease loss drops the cycle while its completion is committed but not
+    // yet answered: the records are gone from the outbox, so they must be
+    // counted `sent` all the same (issue 12, 5a).
+    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    append(&f, "x", 0..5).await;
+    f.faults.hold.store(true, Ordering::SeqCst);
+    let d = Arc::clone(&f.drainer);
+    let dropped = tokio::spawn(async move { d.cycle(1, &CancellationToken::new()).await });
+    f.faults.entered.notified().await;
+    dropped.abort();
+    assert!(dropped.await.is_err_and(|e| e.is_cancelled()));
+    f.faults.release.notify_one();
+    sent_reaches(&f, "x", 5).await;
+    assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
+    // Exactly once: nothing is left to count again.
+    assert_eq!(cycle(&f).await, 0);
+    assert_eq!(f.drainer.bindings["x"].metrics.counts().sent, 5);
+}
+
+#[tokio::test]
+async fn a_failed_completion_is_written_again_by_the_next_cycle_and_counted_once() {
+    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    append(&f, "x", 0..5).await;
+    f.faults.fail_completes.store(1, Ordering::SeqCst);
+    let first = f.drainer.cycle(1, &CancellationToken::new()).await;
+    assert!(first.is_err(), "{first:?}");
+    assert_eq!(f.drainer.bindings["x"].metrics.counts().sent, 0);
+    // Still claimed (not stale for 300 s): the next cycle writes the outcome
+    // it kept instead of waiting for the claims to go stale.
+    assert_eq!(cycle(&f).await, 0);
+    assert_eq!(f.drainer.bindings["x"].metrics.counts().sent, 5);
+    assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
+    assert_eq!(
+        f.sender.sent.lock().expect("lock").len(),
+        5,
+        "nothing sent twice"
+    );
+}
+
+#[tokio::test]
+async fn a_dead_letter_whose_completion_failed_is_counted_once() {
+    let f = fixture(
+        Some((1, SendError::Permanent("rejected".into()))),
+        true,
+        (5, Duration::from_secs(900)),
+    );
+    append(&f, "x", 0..1).await;
+    f.faults.fail_completes.store(1, Ordering::SeqCst);
+    assert!(f.drainer.cycle(1, &CancellationToken::new()).await.is_err());
+    // The DLQ entry is written, but not counted until the record is completed.
+    assert_eq!(f.drainer.bindings["x"].metrics.counts().dead_lettered, 0);
+    cycle(&f).await;
+    let counts = f.drainer.bindings["x"].metrics.counts();
+    assert_eq!((counts.dead_lettered, counts.sent), (1, 0), "{counts:?}");
+    let stats = f.dlq.stats(&DlqFilter::default()).await.expect("dlq stats");
+    assert_eq!(stats.total, 1);
+    assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
 }

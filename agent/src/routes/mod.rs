@@ -139,6 +139,31 @@ pub async fn dispose(
     count_received: bool,
 ) -> Result<Outcome, StoreError> {
     let now = SystemTime::now();
+    let (terminal, outcome) =
+        write_disposal(identity, dlq, action, binding, dlq_id, envelope, failure).await?;
+    if count_received {
+        binding.metrics.received(1);
+    }
+    binding
+        .metrics
+        .finished(terminal, 1, now.duration_since(latency_from).ok());
+    Ok(outcome)
+}
+
+/// [`dispose`] without counting: writes the DLQ entry (or logs the drop) and
+/// returns the terminal state to count and the outcome. For a caller that
+/// counts only once the state is final (the drainer: once the record's
+/// completion committed, so a retried disposal is never counted twice).
+pub async fn write_disposal(
+    identity: &RouteIdentity,
+    dlq: Option<&Arc<dyn DlqStore>>,
+    action: FailureAction,
+    binding: &RouteBinding,
+    dlq_id: String,
+    envelope: &Envelope,
+    failure: Failure,
+) -> Result<(Terminal, Outcome), StoreError> {
+    let now = SystemTime::now();
     let terminal = |dlq: bool| match failure.reason {
         DlqReason::Expired => Terminal::Expired,
         _ if dlq => Terminal::DeadLettered,
@@ -189,13 +214,7 @@ pub async fn dispose(
             "dropped by policy"
         );
     }
-    if count_received {
-        binding.metrics.received(1);
-    }
-    binding
-        .metrics
-        .finished(terminal(use_dlq), 1, now.duration_since(latency_from).ok());
-    Ok(outcome_for(use_dlq))
+    Ok((terminal(use_dlq), outcome_for(use_dlq)))
 }
 
 /// The envelope with the route's `ttl` applied when it carries no expiry.

@@ -10,15 +10,30 @@
 //! - **One append per message** carries every binding's record, so the
 //!   records of one message exist for all bindings or for none.
 //! - **Back-pressure never drops.** The writer stops reading its receiver
-//!   while `max_in_flight` appends are unsettled or the partition holds
-//!   `max_outbox_depth` records; the broker keeps the rest (MQTT v5 receive
-//!   maximum = `max_in_flight`). The depth is an [`OutboxDepth`] counter the
-//!   writer raises and the drainer lowers, re-read from the store's `stats`
-//!   while intake is stopped.
+//!   while `max_in_flight` appends are unsettled or the partition would hold
+//!   more than `max_outbox_depth` records; the broker keeps the rest (MQTT v5
+//!   receive maximum = `max_in_flight`). The depth is an [`OutboxDepth`]
+//!   counter the writer raises and the drainer lowers, re-read from the
+//!   store's `stats` by the drainer and while intake is stopped.
+//! - **`max_outbox_depth` is never exceeded.** A delivery is taken only after
+//!   its records (one per binding) are *reserved* in [`OutboxDepth`]: the
+//!   stored, reserved and new records together stay within
+//!   `max_outbox_depth`. The reservation becomes stored depth when the append
+//!   commits and is released when it fails or the delivery needs no append.
+//!   Only the writer loop reserves, so the check and the reservation cannot
+//!   race.
+//! - **Hysteresis.** Once stopped at the limit, intake resumes only when the
+//!   depth falls below [`RESUME_BELOW`] of the limit; "intake stopped" and
+//!   "intake resumed" are logged once per change of state.
+//! - **A failing store pauses intake.** After a failed append the writer
+//!   takes nothing more for [`STORE_RETRY`] (or until the drainer frees
+//!   room), then one delivery at a time until an append succeeds, instead of
+//!   having the broker redeliver into a store that cannot take it (which also
+//!   aborts the drainer's writes sharing its commit); the failure is logged
+//!   once when it starts and once when it clears.
 //! - After each append the drainer is woken at once.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use ferry_shared::config::Policy;
@@ -28,6 +43,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{Failure, RouteBinding, RouteIdentity, delivery_dlq_id, dispose, with_ttl};
+use crate::log_state::FailureLog;
 use crate::metrics::RouteMetrics;
 use crate::stores::{DlqReason, DlqStore, NewRecord, OutboxStore};
 use crate::transports::{Delivery, Outcome, Receiver};
@@ -35,37 +51,122 @@ use crate::transports::{Delivery, Outcome, Receiver};
 /// How often a stopped writer re-reads the partition depth from the store.
 const DEPTH_RESYNC: Duration = Duration::from_millis(200);
 
-/// Records in a partition, kept cheaply in memory for back-pressure.
+/// The low watermark: intake stopped at `max_outbox_depth` resumes once the
+/// depth is below this fraction of it (90 %), so that it does not flap
+/// between stopped and running with every completed batch.
+pub const RESUME_BELOW: f64 = 0.9;
+
+/// How long intake pauses after a failed append before it tries again.
+const STORE_RETRY: Duration = Duration::from_secs(1);
+
+/// Records in a partition, kept cheaply in memory for back-pressure: those
+/// stored, and those reserved by appends in progress.
+///
+/// The stored count is raised by appends and lowered by completions as they
+/// commit, and re-read from the store's `stats` now and then. A `stats`
+/// answer that raced with an append or a completion would be off by it (the
+/// store read before it, the answer applied after it) and could let intake
+/// past the limit, so a refresh is applied only if the count did not change
+/// since the read began ([`OutboxDepth::changes`], [`OutboxDepth::refresh`]).
 #[derive(Debug, Default)]
 pub struct OutboxDepth {
-    depth: AtomicU64,
+    counts: Mutex<DepthCounts>,
     space: Notify,
 }
 
+#[derive(Debug, Default, Clone, Copy)]
+struct DepthCounts {
+    stored: u64,
+    reserved: u64,
+    /// Appends and completions applied so far (a version for
+    /// [`OutboxDepth::refresh`]).
+    changes: u64,
+}
+
 impl OutboxDepth {
-    /// The current count.
+    fn counts(&self) -> std::sync::MutexGuard<'_, DepthCounts> {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The stored count.
     pub fn get(&self) -> u64 {
-        self.depth.load(Ordering::Relaxed)
+        self.counts().stored
+    }
+
+    /// Stored plus reserved.
+    pub fn level(&self) -> u64 {
+        let c = self.counts();
+        c.stored + c.reserved
+    }
+
+    /// Reserves room for `n` records if the level stays within `max` (or the
+    /// partition is empty: one message always fits); false otherwise.
+    fn try_reserve(&self, n: u64, max: u64) -> bool {
+        let mut c = self.counts();
+        let level = c.stored + c.reserved;
+        if level + n > max && level > 0 {
+            return false;
+        }
+        c.reserved += n;
+        true
+    }
+
+    /// A reservation of `n` ends: stored when `appended`, else given back.
+    fn settle_reservation(&self, n: u64, appended: bool) {
+        {
+            let mut c = self.counts();
+            c.reserved = c.reserved.saturating_sub(n);
+            if appended {
+                c.stored += n;
+                c.changes += 1;
+            }
+        }
+        if !appended {
+            self.space.notify_waiters();
+        }
     }
 
     /// `n` records appended.
     pub fn add(&self, n: u64) {
-        self.depth.fetch_add(n, Ordering::Relaxed);
+        let mut c = self.counts();
+        c.stored += n;
+        c.changes += 1;
     }
 
     /// `n` records completed.
     pub fn sub(&self, n: u64) {
-        let _ = self
-            .depth
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
-                Some(d.saturating_sub(n))
-            });
+        {
+            let mut c = self.counts();
+            c.stored = c.stored.saturating_sub(n);
+            c.changes += 1;
+        }
         self.space.notify_waiters();
     }
 
-    /// The count as the store reports it.
+    /// The count as the store reports it (at start, before any append).
     pub fn set(&self, n: u64) {
-        self.depth.store(n, Ordering::Relaxed);
+        self.counts().stored = n;
+        self.space.notify_waiters();
+    }
+
+    /// How many appends and completions were applied so far: read it
+    /// before a `stats` call and pass it to [`OutboxDepth::refresh`].
+    pub fn changes(&self) -> u64 {
+        self.counts().changes
+    }
+
+    /// The count as a `stats` call begun when [`OutboxDepth::changes`] was
+    /// `changes_before` reports it; ignored if the count changed since (the
+    /// in-memory count is exact for this agent's own appends and
+    /// completions; the refresh only corrects what it cannot see).
+    pub fn refresh(&self, n: u64, changes_before: u64) {
+        {
+            let mut c = self.counts();
+            if c.changes != changes_before {
+                return;
+            }
+            c.stored = n;
+        }
         self.space.notify_waiters();
     }
 }
@@ -90,6 +191,23 @@ pub struct OutboxWriter {
     pub wake: Arc<Notify>,
     /// Shared with the drainer.
     pub depth: Arc<OutboxDepth>,
+    /// The appends' failing/healthy state, for the logs
+    /// (`FailureLog::new("outbox append")`).
+    pub appends: FailureLog,
+}
+
+/// The depth below which stopped intake resumes (when a message also has
+/// room): [`RESUME_BELOW`] of `max_depth`, at least 1 so that an empty
+/// outbox always resumes.
+fn resume_level(max_depth: u64) -> u64 {
+    // Exact for any realistic limit (below 2^53).
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let low = (max_depth as f64 * RESUME_BELOW) as u64;
+    low.max(1)
 }
 
 impl OutboxWriter {
@@ -105,35 +223,70 @@ impl OutboxWriter {
         let this = Arc::new(self);
         let max_in_flight = this.policy.max_in_flight as usize;
         let max_depth = this.policy.max_outbox_depth;
+        let resume_below = resume_level(max_depth);
+        let per_message = this.bindings.len() as u64;
         let mut in_flight = FuturesUnordered::new();
         let mut resync = tokio::time::interval(DEPTH_RESYNC);
         // Polled only while intake is stopped: no burst of catch-up ticks.
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopped = false;
+        // After a failed append: take nothing more until then, and then one
+        // delivery at a time until an append succeeds again (a store with
+        // little room left takes one append where a whole group would fail).
+        let mut paused_until: Option<tokio::time::Instant> = None;
+        let mut probing = false;
         loop {
-            let full = this.depth.get() >= max_depth;
+            let level = this.depth.level();
+            // Room for one more message (one always fits an empty outbox).
+            let room = level + per_message <= max_depth || level == 0;
+            let full = if stopped {
+                level >= resume_below || !room
+            } else {
+                !room
+            };
             if full != stopped {
                 stopped = full;
-                let depth = this.depth.get();
                 if full {
-                    tracing::warn!(route = %this.identity.route_id, depth, "outbox full; intake stopped");
+                    tracing::warn!(route = %this.identity.route_id, depth = level, max_outbox_depth = max_depth, "outbox full; intake stopped");
                 } else {
-                    tracing::info!(route = %this.identity.route_id, depth, "intake resumed");
+                    tracing::info!(route = %this.identity.route_id, depth = level, resume_below, "intake resumed");
                 }
             }
+            let paused = paused_until.is_some();
+            let pause_ends = async {
+                match paused_until {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
-                Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
-                () = this.depth.space.notified(), if full => {}
-                _ = resync.tick(), if full => {
-                    if let Ok(stats) = this.outbox.stats(&this.partition).await {
-                        this.depth.set(stats.total.depth);
+                Some(appended) = in_flight.next(), if !in_flight.is_empty() => {
+                    let appended: bool = appended;
+                    if appended {
+                        probing = false;
+                    } else if paused_until.is_none() {
+                        paused_until = Some(tokio::time::Instant::now() + STORE_RETRY);
+                        probing = true;
                     }
                 }
-                delivery = receiver.recv(), if !full && in_flight.len() < max_in_flight => {
+                () = this.depth.space.notified(), if full || paused => paused_until = None,
+                () = pause_ends, if paused => paused_until = None,
+                _ = resync.tick(), if full => {
+                    let changes = this.depth.changes();
+                    if let Ok(stats) = this.outbox.stats(&this.partition).await {
+                        this.depth.refresh(stats.total.depth, changes);
+                    }
+                }
+                delivery = receiver.recv(), if !full && !paused && in_flight.len() < if probing { 1 } else { max_in_flight } => {
                     match delivery {
-                        Some(d) => in_flight.push(Arc::clone(&this).handle(d)),
+                        Some(d) => {
+                            // Cannot fail: `full` is false, and only this loop reserves.
+                            let reserved = this.depth.try_reserve(per_message, max_depth);
+                            debug_assert!(reserved);
+                            in_flight.push(Arc::clone(&this).handle(d));
+                        }
                         None => break,
                     }
                 }
@@ -147,7 +300,9 @@ impl OutboxWriter {
         }
     }
 
-    async fn handle(self: Arc<Self>, delivery: Delivery) {
+    /// Handles one delivery whose records were reserved; false when the
+    /// store failed (intake pauses).
+    async fn handle(self: Arc<Self>, delivery: Delivery) -> bool {
         let Delivery {
             envelope,
             defect,
@@ -214,12 +369,19 @@ impl OutboxWriter {
             }
             None => self.append(&envelope).await,
         };
+        if !matches!(outcome, Outcome::Persisted) {
+            // Nothing appended: the reservation goes back.
+            self.depth
+                .settle_reservation(self.bindings.len() as u64, false);
+        }
+        let store_ok = !matches!(outcome, Outcome::StoreFailure);
         settle.settle(outcome);
         self.route_metrics.settled_after(
             SystemTime::now()
                 .duration_since(received_at)
                 .unwrap_or_default(),
         );
+        store_ok
     }
 
     async fn append(&self, envelope: &ferry_shared::envelope::Envelope) -> Outcome {
@@ -232,17 +394,75 @@ impl OutboxWriter {
         let n = records.len() as u64;
         match self.outbox.append(&self.partition, records).await {
             Ok(_) => {
+                self.appends.succeeded(&self.identity.route_id);
                 for b in &self.bindings {
                     b.metrics.received(1);
                 }
-                self.depth.add(n);
+                self.depth.settle_reservation(n, true);
                 self.wake.notify_one();
                 Outcome::Persisted
             }
             Err(error) => {
-                tracing::warn!(route = %self.identity.route_id, message_id = %envelope.id, %error, "outbox append failed; left to the source");
+                tracing::debug!(route = %self.identity.route_id, message_id = %envelope.id, %error, "outbox append failed; left to the source");
+                self.appends.failed(&self.identity.route_id, &error);
                 Outcome::StoreFailure
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_never_let_the_level_past_the_limit() {
+        let d = OutboxDepth::default();
+        assert!(d.try_reserve(3, 10));
+        assert!(d.try_reserve(3, 10));
+        assert!(d.try_reserve(3, 10));
+        // 9 reserved: 3 more would make 12.
+        assert!(!d.try_reserve(3, 10));
+        d.settle_reservation(3, true);
+        d.settle_reservation(3, false);
+        assert_eq!((d.get(), d.level()), (3, 6));
+        d.sub(3);
+        d.settle_reservation(3, true);
+        assert_eq!((d.get(), d.level()), (3, 3));
+    }
+
+    #[test]
+    fn a_refresh_that_raced_with_a_change_is_ignored() {
+        let d = OutboxDepth::default();
+        d.set(10);
+        let before = d.changes();
+        // The store answers 10, but an append of 2 commits meanwhile.
+        d.add(2);
+        d.refresh(10, before);
+        assert_eq!(d.get(), 12);
+        // Or a completion of 5.
+        let before = d.changes();
+        d.sub(5);
+        d.refresh(12, before);
+        assert_eq!(d.get(), 7);
+        // Nothing changed: the store's answer stands.
+        let before = d.changes();
+        d.refresh(9, before);
+        assert_eq!(d.get(), 9);
+    }
+
+    #[test]
+    fn one_message_always_fits_an_empty_outbox() {
+        let d = OutboxDepth::default();
+        assert!(d.try_reserve(5, 2));
+        assert!(!d.try_reserve(1, 2));
+    }
+
+    #[test]
+    fn intake_resumes_below_the_low_watermark() {
+        assert_eq!(resume_level(10_000), 9_000);
+        assert_eq!(resume_level(200), 180);
+        assert_eq!(resume_level(5), 4);
+        assert_eq!(resume_level(1), 1);
     }
 }

@@ -217,6 +217,7 @@ pub(super) async fn start(valid: &ValidConfig, deps: Deps) -> Result<Bridge, Bui
                     lease_resolved: deps
                         .readiness
                         .condition(format!("lease of route {} resolved", route.id)),
+                    state: Default::default(),
                 };
                 drainer_tasks.push(tokio::spawn(drainer.run(drainers_token.clone())));
                 let writer = OutboxWriter {
@@ -229,6 +230,7 @@ pub(super) async fn start(valid: &ValidConfig, deps: Deps) -> Result<Bridge, Bui
                     route_metrics,
                     wake,
                     depth,
+                    appends: crate::log_state::FailureLog::new("outbox append"),
                 };
                 route_tasks.push(tokio::spawn(writer.run(
                     receiver,
