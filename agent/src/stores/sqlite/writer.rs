@@ -17,6 +17,14 @@
 //! take back a tail of unsynced commits, never one from before an
 //! acknowledged durable write.
 //!
+//! **Unsynced and synced jobs commit in separate transactions** when both are
+//! waiting (the unsynced ones first). Besides keeping drain commits free of
+//! fsyncs, this keeps the drainer's completions — which free room — from
+//! sharing a transaction with appends that may not fit: when the store is
+//! full (disk, `max_size_bytes`) SQLite rolls back the whole transaction, and
+//! mixed groups would take every completion back with the append, so room
+//! would never come back.
+//!
 //! A failing job must not leave half its writes in the group. Jobs write
 //! only with `INSERT`, `UPDATE` and `DELETE`, and SQLite undoes a failed
 //! statement's own changes, so a job that failed without completing any
@@ -24,7 +32,9 @@
 //! out, invalid arguments, a lock timeout) changed nothing and the group
 //! goes on. A job that failed after some of its statements completed takes
 //! the whole group back with it: every job of the group is answered with an
-//! error and none of it is applied. (A savepoint per job would isolate it
+//! error and none of it is applied. When SQLite itself rolled the
+//! transaction back for lack of room, the other jobs are answered
+//! [`StoreError::Full`] (certainly not applied) rather than `Unavailable`. (A savepoint per job would isolate it
 //! exactly, but copying each touched page to the statement journal cost
 //! more than a third of the writer's time under load, for a case that only
 //! I/O errors and corrupt rows reach.)
@@ -47,9 +57,8 @@ const MAX_GROUP: usize = 512;
 
 /// A unit of work run inside the group transaction.
 trait Job: Send {
-    /// Runs the work; returns false when it failed (its savepoint is rolled
-    /// back).
-    fn run(&mut self, conn: &Connection) -> bool;
+    /// Runs the work; returns its error when it failed.
+    fn run(&mut self, conn: &Connection) -> Result<(), StoreError>;
     /// Answers the caller with the outcome of the work and of the commit.
     fn answer(self: Box<Self>, commit: &StoreResult<()>);
     /// Whether its commit must be fsynced (see the module notes).
@@ -68,14 +77,17 @@ where
     T: Send,
     F: FnOnce(&Connection) -> StoreResult<T> + Send,
 {
-    fn run(&mut self, conn: &Connection) -> bool {
+    fn run(&mut self, conn: &Connection) -> Result<(), StoreError> {
         let result = match self.work.take() {
             Some(work) => work(conn),
             None => Err(StoreError::Unavailable("job run twice".into())),
         };
-        let ok = result.is_ok();
+        let outcome = match &result {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.clone()),
+        };
         self.result = Some(result);
-        ok
+        outcome
     }
 
     fn answer(self: Box<Self>, commit: &StoreResult<()>) {
@@ -167,34 +179,52 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, full: bool, commi
     // The connection starts as configured.
     let mut syncing = full;
     while let Some(first) = rx.blocking_recv() {
-        let mut group = vec![first];
-        while group.len() < MAX_GROUP {
+        let mut waiting = vec![first];
+        while waiting.len() < MAX_GROUP {
             match rx.try_recv() {
-                Ok(job) => group.push(job),
+                Ok(job) => waiting.push(job),
                 Err(_) => break,
             }
         }
-        let sync = full && group.iter().any(|job| job.synced());
-        if sync != syncing {
-            // Set outside the transaction: SQLite refuses it inside one.
-            let level = if sync { "FULL" } else { "NORMAL" };
-            match conn.execute_batch(&format!("PRAGMA synchronous={level}")) {
-                Ok(()) => syncing = sync,
-                // Still syncing: the group commits at the stricter level.
-                Err(_) if syncing => {}
-                Err(e) => {
-                    let error = StoreError::Unavailable(format!("sqlite: {e}"));
-                    for job in group {
-                        job.answer(&Err(error.clone()));
-                    }
-                    continue;
-                }
+        // Waiting jobs were sent concurrently: committing one kind before
+        // the other reorders nothing any caller could have relied on.
+        let (synced, unsynced): (Vec<_>, Vec<_>) =
+            waiting.into_iter().partition(|job| job.synced());
+        for group in [unsynced, synced] {
+            if !group.is_empty() && commit_kind(&conn, group, full, &mut syncing) {
+                commits.fetch_add(1, Ordering::Relaxed);
             }
         }
-        if commit_group(&conn, group) {
-            commits.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Commits a group of one kind (all synced or all unsynced), switching the
+/// connection's `synchronous` level first when needed; true when it
+/// committed.
+fn commit_kind(
+    conn: &Connection,
+    group: Vec<Box<dyn Job>>,
+    full: bool,
+    syncing: &mut bool,
+) -> bool {
+    let sync = full && group.iter().any(|job| job.synced());
+    if sync != *syncing {
+        // Set outside the transaction: SQLite refuses it inside one.
+        let level = if sync { "FULL" } else { "NORMAL" };
+        match conn.execute_batch(&format!("PRAGMA synchronous={level}")) {
+            Ok(()) => *syncing = sync,
+            // Still syncing: the group commits at the stricter level.
+            Err(_) if *syncing => {}
+            Err(e) => {
+                let error = StoreError::Unavailable(format!("sqlite: {e}"));
+                for job in group {
+                    job.answer(&Err(error.clone()));
+                }
+                return false;
+            }
         }
     }
+    commit_group(conn, group)
 }
 
 /// Runs and answers one group; true when it committed.
@@ -215,13 +245,18 @@ fn run_group(conn: &Connection, group: &mut [Box<dyn Job>]) -> StoreResult<()> {
     control(conn, "BEGIN IMMEDIATE")?;
     for job in group.iter_mut() {
         let before = conn.total_changes();
-        if !job.run(conn) {
+        if let Err(error) = job.run(conn) {
             if conn.is_autocommit() {
                 // SQLite rolled the whole transaction back itself (a full
                 // disk, an I/O error): later jobs must not run outside it.
-                return Err(StoreError::Unavailable(
-                    "the transaction was rolled back by a failed write".into(),
-                ));
+                return Err(match error {
+                    StoreError::Full(e) => StoreError::Full(format!(
+                        "rolled back with a write of the same transaction that did not fit: {e}"
+                    )),
+                    _ => StoreError::Unavailable(
+                        "the transaction was rolled back by a failed write".into(),
+                    ),
+                });
             }
             if conn.total_changes() != before {
                 return Err(StoreError::Unavailable(
@@ -352,5 +387,46 @@ mod tests {
         assert_eq!(first_answer.try_recv().expect("answered").ok(), Some(1));
         assert!(collide_answer.try_recv().expect("answered").is_err());
         assert_eq!(last_answer.try_recv().expect("answered").ok(), Some(3));
+    }
+
+    /// A completion (unsynced) waiting beside an append (synced) that does
+    /// not fit a full store commits on its own — before, SQLite's rollback
+    /// of the append took it back too, so room never came back — and the
+    /// append fails as `Full`.
+    #[test]
+    fn a_full_store_does_not_take_drain_writes_back_with_an_append() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let conn = Connection::open(dir.path().join("w.db")).expect("open");
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL; CREATE TABLE t (x INTEGER UNIQUE, pad BLOB);
+             PRAGMA max_page_count=16;",
+        )
+        .expect("schema");
+        conn.execute("INSERT INTO t (x, pad) VALUES (1, zeroblob(20000))", [])
+            .expect("room for one");
+        let (tx, rx) = mpsc::channel::<Box<dyn Job>>(4);
+        let (reply, mut deleted) = oneshot::channel();
+        let delete = Box::new(TypedJob {
+            synced: false,
+            work: Some(|c: &Connection| {
+                c.execute("DELETE FROM t WHERE x = 1", [])
+                    .map_err(super::super::sql_error)
+            }),
+            result: None,
+            reply,
+        });
+        // Larger than the whole store: it can never fit.
+        let (append, mut appended) = job(|c: &Connection| {
+            c.execute("INSERT INTO t (x, pad) VALUES (2, zeroblob(100000))", [])
+                .map_err(super::super::sql_error)
+        });
+        // The append goes first: sent together, the delete still commits.
+        tx.try_send(append).map_err(|_| ()).expect("queued");
+        tx.try_send(delete).map_err(|_| ()).expect("queued");
+        drop(tx);
+        run(conn, rx, true, &AtomicU64::new(0));
+        assert_eq!(deleted.try_recv().expect("answered").ok(), Some(1));
+        let refused = appended.try_recv().expect("answered");
+        assert!(matches!(refused, Err(StoreError::Full(_))), "{refused:?}");
     }
 }
