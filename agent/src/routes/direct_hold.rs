@@ -27,7 +27,6 @@
 //!   (`ferry_messages_redelivered_total`) when the route takes it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use ferry_shared::config::Policy;
@@ -36,17 +35,15 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio_util::sync::CancellationToken;
 
+use super::hold::StoreHold;
 use super::{
     Failure, RetryBackoff, RouteBinding, RouteIdentity, delivery_dlq_id, dispose,
     permanent_failure, with_ttl,
 };
+use crate::log_state::FailureLog;
 use crate::metrics::{RouteMetrics, Terminal};
 use crate::stores::{DlqReason, DlqStore};
 use crate::transports::{Address, Delivery, Outcome, Receiver, Sender};
-
-/// The longest wait between two attempts to write a DLQ entry: the route is
-/// paused meanwhile, so it resumes at most this long after the store has room.
-const DLQ_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// One `direct_hold` route.
 pub struct DirectHold {
@@ -67,8 +64,10 @@ pub struct DirectHold {
 /// A [`DirectHold`] while it runs: the route and its shared state.
 struct Running {
     route: DirectHold,
-    /// Deliveries whose DLQ write is failing; intake is paused while any is.
-    dlq_failing: AtomicUsize,
+    /// Deliveries held on a failing DLQ write; intake pauses while any is.
+    hold: StoreHold,
+    /// The DLQ writes' failing/healthy state, for the logs.
+    dlq_writes: FailureLog,
 }
 
 impl DirectHold {
@@ -83,15 +82,15 @@ impl DirectHold {
     ) {
         let this = Arc::new(Running {
             route: self,
-            dlq_failing: AtomicUsize::new(0),
+            hold: StoreHold::default(),
+            dlq_writes: FailureLog::new("dlq write"),
         });
         let max_in_flight = this.route.policy.max_in_flight as usize;
         let mut in_flight = FuturesUnordered::new();
         loop {
             // Re-evaluated whenever a delivery finishes: a delivery stuck on
             // its DLQ write finishes only once the write went through.
-            let taking =
-                in_flight.len() < max_in_flight && this.dlq_failing.load(Ordering::Acquire) == 0;
+            let taking = in_flight.len() < max_in_flight && !this.hold.active();
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
@@ -264,8 +263,8 @@ impl Running {
         }
     }
 
-    /// Applies `action`; a DLQ write that fails is retried (intake paused)
-    /// until it succeeds or the route shuts down.
+    /// Applies `action`; a DLQ write that fails holds the delivery and is
+    /// retried (intake paused) until it succeeds or the route shuts down.
     async fn fail(
         &self,
         envelope: &Envelope,
@@ -274,60 +273,32 @@ impl Running {
         shutdown: &CancellationToken,
     ) -> Outcome {
         let route = &self.route;
-        let mut backoff: Option<RetryBackoff> = None;
-        loop {
-            let result = dispose(
-                &route.identity,
-                route.dlq.as_ref(),
-                action,
-                &route.binding,
-                delivery_dlq_id(envelope, &route.binding.id),
-                envelope,
-                failure.clone(),
-                envelope.source.received_at,
-                true,
+        let written = self
+            .hold
+            .retry(
+                &self.dlq_writes,
+                &route.identity.route_id,
+                route.policy.retry_backoff.initial_interval.get(),
+                shutdown,
+                || {
+                    dispose(
+                        &route.identity,
+                        route.dlq.as_ref(),
+                        action,
+                        &route.binding,
+                        delivery_dlq_id(envelope, &route.binding.id),
+                        envelope,
+                        failure.clone(),
+                        envelope.source.received_at,
+                        true,
+                    )
+                },
             )
             .await;
-            let error = match result {
-                Ok(outcome) => {
-                    if backoff.is_some() {
-                        self.dlq_recovered();
-                    }
-                    return outcome;
-                }
-                Err(error) => error,
-            };
-            let backoff = backoff.get_or_insert_with(|| {
-                self.dlq_failed(&error);
-                let initial = route.policy.retry_backoff.initial_interval.get();
-                RetryBackoff::new(initial, DLQ_RETRY_MAX.max(initial), 2.0)
-            });
-            tracing::debug!(route = %route.identity.route_id, message_id = %envelope.id, %error, "dlq write failed; retrying");
-            tokio::select! {
-                () = shutdown.cancelled() => {
-                    self.dlq_recovered();
-                    tracing::info!(route = %route.identity.route_id, message_id = %envelope.id, "shutting down with a dlq write still failing; left to the source");
-                    return Outcome::StoreFailure;
-                }
-                () = tokio::time::sleep(backoff.next_delay()) => {}
-            }
-        }
-    }
-
-    /// A delivery's DLQ write failed for the first time: intake pauses (one
-    /// log line when the first delivery gets stuck).
-    fn dlq_failed(&self, error: &crate::stores::StoreError) {
-        if self.dlq_failing.fetch_add(1, Ordering::AcqRel) == 0 {
-            tracing::warn!(route = %self.route.identity.route_id, %error, "dlq write failed; holding the delivery and pausing intake until the dlq takes it");
-        }
-    }
-
-    /// A stuck delivery's DLQ write went through (or was given up at
-    /// shutdown); intake resumes with the last one.
-    fn dlq_recovered(&self) {
-        if self.dlq_failing.fetch_sub(1, Ordering::AcqRel) == 1 {
-            tracing::info!(route = %self.route.identity.route_id, "dlq writable again; intake resumed");
-        }
+        written.unwrap_or_else(|| {
+            tracing::info!(route = %route.identity.route_id, message_id = %envelope.id, "shutting down with a dlq write still failing; left to the source");
+            Outcome::StoreFailure
+        })
     }
 }
 

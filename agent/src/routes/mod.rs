@@ -19,6 +19,7 @@
 //! arrival would count it twice and break the conservation law.
 
 pub mod direct_hold;
+mod hold;
 mod retry;
 pub mod shared_outbox;
 

@@ -25,23 +25,27 @@
 //! - **Hysteresis.** Once stopped at the limit, intake resumes only when the
 //!   depth falls below [`RESUME_BELOW`] of the limit; "intake stopped" and
 //!   "intake resumed" are logged once per change of state.
-//! - **A failing store pauses intake.** After a failed append the writer
-//!   takes nothing more for [`STORE_RETRY`] (or until the drainer frees
-//!   room), then one delivery at a time until an append succeeds, instead of
-//!   having the broker redeliver into a store that cannot take it (which also
-//!   aborts the drainer's writes sharing its commit); the failure is logged
-//!   once when it starts and once when it clears.
+//! - **A failing store holds the delivery and pauses intake** ([`hold`]):
+//!   its append (or DLQ write) is retried with backoff until it succeeds or
+//!   the route shuts down, while the writer takes nothing more, instead of
+//!   having the broker redeliver the whole window into a store that cannot
+//!   take it. The failure is logged once when it starts and once when it
+//!   clears.
+//!
+//! [`hold`]: super::hold
 //! - After each append the drainer is woken at once.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use ferry_shared::config::Policy;
+use ferry_shared::config::{FailureAction, Policy};
+use ferry_shared::envelope::Envelope;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::hold::StoreHold;
 use super::{Failure, RouteBinding, RouteIdentity, delivery_dlq_id, dispose, with_ttl};
 use crate::log_state::FailureLog;
 use crate::metrics::RouteMetrics;
@@ -55,9 +59,6 @@ const DEPTH_RESYNC: Duration = Duration::from_millis(200);
 /// depth is below this fraction of it (90 %), so that it does not flap
 /// between stopped and running with every completed batch.
 pub const RESUME_BELOW: f64 = 0.9;
-
-/// How long intake pauses after a failed append before it tries again.
-const STORE_RETRY: Duration = Duration::from_secs(1);
 
 /// Records in a partition, kept cheaply in memory for back-pressure: those
 /// stored, and those reserved by appends in progress.
@@ -210,6 +211,15 @@ fn resume_level(max_depth: u64) -> u64 {
     low.max(1)
 }
 
+/// An [`OutboxWriter`] while it runs: the writer and its held deliveries.
+struct Running {
+    writer: OutboxWriter,
+    /// Deliveries held on a failing append or DLQ write.
+    hold: StoreHold,
+    /// The DLQ writes' failing/healthy state, for the logs.
+    dlq_writes: FailureLog,
+}
+
 impl OutboxWriter {
     /// Takes deliveries until `shutdown`; then lets appends in progress
     /// finish within `grace`. Deliveries still unsettled after that are left
@@ -220,23 +230,23 @@ impl OutboxWriter {
         shutdown: CancellationToken,
         grace: Duration,
     ) {
-        let this = Arc::new(self);
-        let max_in_flight = this.policy.max_in_flight as usize;
-        let max_depth = this.policy.max_outbox_depth;
+        let this = Arc::new(Running {
+            writer: self,
+            hold: StoreHold::default(),
+            dlq_writes: FailureLog::new("dlq write"),
+        });
+        let w = &this.writer;
+        let max_in_flight = w.policy.max_in_flight as usize;
+        let max_depth = w.policy.max_outbox_depth;
         let resume_below = resume_level(max_depth);
-        let per_message = this.bindings.len() as u64;
+        let per_message = w.bindings.len() as u64;
         let mut in_flight = FuturesUnordered::new();
         let mut resync = tokio::time::interval(DEPTH_RESYNC);
         // Polled only while intake is stopped: no burst of catch-up ticks.
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopped = false;
-        // After a failed append: take nothing more until then, and then one
-        // delivery at a time until an append succeeds again (a store with
-        // little room left takes one append where a whole group would fail).
-        let mut paused_until: Option<tokio::time::Instant> = None;
-        let mut probing = false;
         loop {
-            let level = this.depth.level();
+            let level = w.depth.level();
             // Room for one more message (one always fits an empty outbox).
             let room = level + per_message <= max_depth || level == 0;
             let full = if stopped {
@@ -247,45 +257,32 @@ impl OutboxWriter {
             if full != stopped {
                 stopped = full;
                 if full {
-                    tracing::warn!(route = %this.identity.route_id, depth = level, max_outbox_depth = max_depth, "outbox full; intake stopped");
+                    tracing::warn!(route = %w.identity.route_id, depth = level, max_outbox_depth = max_depth, "outbox full; intake stopped");
                 } else {
-                    tracing::info!(route = %this.identity.route_id, depth = level, resume_below, "intake resumed");
+                    tracing::info!(route = %w.identity.route_id, depth = level, resume_below, "intake resumed");
                 }
             }
-            let paused = paused_until.is_some();
-            let pause_ends = async {
-                match paused_until {
-                    Some(t) => tokio::time::sleep_until(t).await,
-                    None => std::future::pending().await,
-                }
-            };
+            // Re-evaluated whenever a delivery finishes: a held one finishes
+            // only once its write went through.
+            let taking = !full && !this.hold.active() && in_flight.len() < max_in_flight;
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
-                Some(appended) = in_flight.next(), if !in_flight.is_empty() => {
-                    let appended: bool = appended;
-                    if appended {
-                        probing = false;
-                    } else if paused_until.is_none() {
-                        paused_until = Some(tokio::time::Instant::now() + STORE_RETRY);
-                        probing = true;
-                    }
-                }
-                () = this.depth.space.notified(), if full || paused => paused_until = None,
-                () = pause_ends, if paused => paused_until = None,
+                Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+                () = w.depth.space.notified(), if full => {}
                 _ = resync.tick(), if full => {
-                    let changes = this.depth.changes();
-                    if let Ok(stats) = this.outbox.stats(&this.partition).await {
-                        this.depth.refresh(stats.total.depth, changes);
+                    let changes = w.depth.changes();
+                    if let Ok(stats) = w.outbox.stats(&w.partition).await {
+                        w.depth.refresh(stats.total.depth, changes);
                     }
                 }
-                delivery = receiver.recv(), if !full && !paused && in_flight.len() < if probing { 1 } else { max_in_flight } => {
+                delivery = receiver.recv(), if taking => {
                     match delivery {
                         Some(d) => {
                             // Cannot fail: `full` is false, and only this loop reserves.
-                            let reserved = this.depth.try_reserve(per_message, max_depth);
+                            let reserved = w.depth.try_reserve(per_message, max_depth);
                             debug_assert!(reserved);
-                            in_flight.push(Arc::clone(&this).handle(d));
+                            in_flight.push(Arc::clone(&this).handle(d, shutdown.clone()));
                         }
                         None => break,
                     }
@@ -296,13 +293,15 @@ impl OutboxWriter {
             .await
             .is_err()
         {
-            tracing::warn!(route = %this.identity.route_id, "appends still running after the grace period; left to the source");
+            tracing::warn!(route = %w.identity.route_id, "appends still running after the grace period; left to the source");
         }
     }
+}
 
-    /// Handles one delivery whose records were reserved; false when the
-    /// store failed (intake pauses).
-    async fn handle(self: Arc<Self>, delivery: Delivery) -> bool {
+impl Running {
+    /// Handles one delivery whose records were reserved.
+    async fn handle(self: Arc<Self>, delivery: Delivery, shutdown: CancellationToken) {
+        let w = &self.writer;
         let Delivery {
             envelope,
             defect,
@@ -310,14 +309,14 @@ impl OutboxWriter {
             settle,
         } = delivery;
         if redelivered {
-            self.route_metrics.redelivered();
+            w.route_metrics.redelivered();
         }
-        let envelope = with_ttl(envelope, self.policy.ttl.map(|d| d.get()));
+        let envelope = with_ttl(envelope, w.policy.ttl.map(|d| d.get()));
         let received_at = envelope.source.received_at;
         let now = SystemTime::now();
         let failure = if let Some(defect) = defect {
             Some((
-                self.policy.on_permanent_failure,
+                w.policy.on_permanent_failure,
                 Failure {
                     reason: defect.dlq_reason(),
                     error: defect.to_string(),
@@ -328,7 +327,7 @@ impl OutboxWriter {
             ))
         } else if envelope.is_expired(now) {
             Some((
-                self.policy.on_expired,
+                w.policy.on_expired,
                 Failure {
                     reason: DlqReason::Expired,
                     error: "expired before it was persisted".into(),
@@ -342,72 +341,97 @@ impl OutboxWriter {
         };
         let outcome = match failure {
             Some((action, failure)) => {
-                let mut outcome = Outcome::StoreFailure;
-                for b in &self.bindings {
-                    match dispose(
-                        &self.identity,
-                        self.dlq.as_ref(),
-                        action,
-                        b,
-                        delivery_dlq_id(&envelope, &b.id),
-                        &envelope,
-                        failure.clone(),
-                        received_at,
-                        true,
-                    )
+                self.dispose_all(&envelope, action, &failure, &shutdown)
                     .await
-                    {
-                        Ok(o) => outcome = o,
-                        Err(error) => {
-                            tracing::warn!(route = %self.identity.route_id, %error, "dlq write failed; left to the source");
-                            outcome = Outcome::StoreFailure;
-                            break;
-                        }
-                    }
-                }
-                outcome
             }
-            None => self.append(&envelope).await,
+            None => self.append(&envelope, &shutdown).await,
         };
         if !matches!(outcome, Outcome::Persisted) {
             // Nothing appended: the reservation goes back.
-            self.depth
-                .settle_reservation(self.bindings.len() as u64, false);
+            w.depth.settle_reservation(w.bindings.len() as u64, false);
         }
-        let store_ok = !matches!(outcome, Outcome::StoreFailure);
         settle.settle(outcome);
-        self.route_metrics.settled_after(
+        w.route_metrics.settled_after(
             SystemTime::now()
                 .duration_since(received_at)
                 .unwrap_or_default(),
         );
-        store_ok
     }
 
-    async fn append(&self, envelope: &ferry_shared::envelope::Envelope) -> Outcome {
-        let now = SystemTime::now();
-        let records: Vec<NewRecord> = self
-            .bindings
-            .iter()
-            .map(|b| NewRecord::new(b.id.clone(), b.address.clone(), envelope.clone(), now))
-            .collect();
-        let n = records.len() as u64;
-        match self.outbox.append(&self.partition, records).await {
-            Ok(_) => {
-                self.appends.succeeded(&self.identity.route_id);
-                for b in &self.bindings {
-                    b.metrics.received(1);
-                }
-                self.depth.settle_reservation(n, true);
-                self.wake.notify_one();
-                Outcome::Persisted
-            }
-            Err(error) => {
-                tracing::debug!(route = %self.identity.route_id, message_id = %envelope.id, %error, "outbox append failed; left to the source");
-                self.appends.failed(&self.identity.route_id, &error);
-                Outcome::StoreFailure
+    /// Applies `action` on every binding (a message that never reached the
+    /// outbox); a DLQ write that fails is held and retried.
+    async fn dispose_all(
+        &self,
+        envelope: &Envelope,
+        action: FailureAction,
+        failure: &Failure,
+        shutdown: &CancellationToken,
+    ) -> Outcome {
+        let w = &self.writer;
+        let mut outcome = Outcome::StoreFailure;
+        for b in &w.bindings {
+            let written = self
+                .hold
+                .retry(
+                    &self.dlq_writes,
+                    &w.identity.route_id,
+                    w.policy.retry_backoff.initial_interval.get(),
+                    shutdown,
+                    || {
+                        dispose(
+                            &w.identity,
+                            w.dlq.as_ref(),
+                            action,
+                            b,
+                            delivery_dlq_id(envelope, &b.id),
+                            envelope,
+                            failure.clone(),
+                            envelope.source.received_at,
+                            true,
+                        )
+                    },
+                )
+                .await;
+            match written {
+                Some(o) => outcome = o,
+                // Shutdown: the source redelivers it; the bindings already
+                // written are idempotent by their DLQ id.
+                None => return Outcome::Shutdown,
             }
         }
+        outcome
+    }
+
+    /// One append of a record per binding, held and retried while it fails.
+    async fn append(&self, envelope: &Envelope, shutdown: &CancellationToken) -> Outcome {
+        let w = &self.writer;
+        let now = SystemTime::now();
+        let records = || -> Vec<NewRecord> {
+            w.bindings
+                .iter()
+                .map(|b| NewRecord::new(b.id.clone(), b.address.clone(), envelope.clone(), now))
+                .collect()
+        };
+        let appended = self
+            .hold
+            .retry(
+                &w.appends,
+                &w.identity.route_id,
+                w.policy.retry_backoff.initial_interval.get(),
+                shutdown,
+                || w.outbox.append(&w.partition, records()),
+            )
+            .await;
+        if appended.is_none() {
+            tracing::debug!(route = %w.identity.route_id, message_id = %envelope.id, "shutting down with an outbox append still failing; left to the source");
+            return Outcome::Shutdown;
+        }
+        for b in &w.bindings {
+            b.metrics.received(1);
+        }
+        w.depth.settle_reservation(w.bindings.len() as u64, true);
+        w.wake.notify_one();
+        Outcome::Persisted
     }
 }
 
