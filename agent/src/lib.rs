@@ -13,12 +13,15 @@
 //!   owns its tasks; it wires [`routes`] (`direct_hold`, the `shared_outbox`
 //!   writer) and one [`drainer`] per `shared_outbox` route to the stores and
 //!   transports below.
+//! - [`datadir`]: one agent per data directory (an exclusive lock file
+//!   beside the SQLite stores, taken before any store is opened).
 //! - [`transports`]: sessions, receivers and senders for the brokers and
 //!   queues Ferry moves messages between (MQTT today), behind transport-neutral
 //!   traits the routes and drainers use.
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod datadir;
 pub mod drainer;
 pub mod metrics;
 pub mod routes;

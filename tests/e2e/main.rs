@@ -10,6 +10,7 @@
 mod agent_delivery;
 mod agent_failures;
 mod agent_support;
+mod agent_visibility;
 mod control_plane;
 mod ferryctl;
 mod harness_selftest;

@@ -1,0 +1,148 @@
+//! What an operator sees when something is wrong (issue 12, items 6–8): a full store named by
+//! `/readyz`, counted by `ferry_store_errors_total` and logged once per change of state; an
+//! outbox file that shrinks back after a backlog; one agent per data directory; `ferryctl`
+//! ending quietly when its reader goes away; no colour codes in a log that is not a terminal.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use ferry_tests::mqtt::QoS;
+use ferry_tests::process::{ChildProcess, project_bin};
+use ferry_tests::{Collector, Mosquitto, free_port, ids, publish_seq, wait};
+
+use crate::agent_support::{Bridge, quiesced};
+use crate::control_plane::ControlPlane;
+use crate::ferryctl::{document, write};
+
+const DELIVERY: Duration = Duration::from_secs(30);
+
+/// `ferryctl get configs | head -1`: the reader goes away before ferryctl writes. The write
+/// fails with EPIPE (Rust ignores SIGPIPE); ferryctl must end quietly with exit 0, not panic
+/// with "Broken pipe" (exit 101). The read end is closed before ferryctl has connected, so
+/// every run sees the closed pipe — reading one line first would race with a table that fits
+/// in one write.
+#[tokio::test]
+async fn ferryctl_ends_quietly_when_its_reader_goes_away() -> anyhow::Result<()> {
+    let cp = ControlPlane::start(None).await?;
+    let files = tempfile::tempdir()?;
+    for i in 0..5 {
+        let path = write(
+            files.path(),
+            &format!("c{i}.yaml"),
+            &document(&format!("edge-{i}"), 10),
+        )?;
+        let out = tokio::process::Command::new(project_bin("ferryctl")?)
+            .args(["--endpoint", &cp.endpoint(), "apply", "-f", &path])
+            .output()
+            .await?;
+        anyhow::ensure!(out.status.success(), "apply {i}: {out:?}");
+    }
+    for args in [
+        &["get", "configs"][..],
+        &["-o", "json", "get", "configs"],
+        &["-o", "yaml", "get", "configs"],
+        &["get", "agents"],
+    ] {
+        let mut child = tokio::process::Command::new(project_bin("ferryctl")?)
+            .arg("--endpoint")
+            .arg(cp.endpoint())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        drop(child.stdout.take());
+        let out = tokio::time::timeout(Duration::from_secs(15), child.wait_with_output()).await??;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "ferryctl {args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "ferryctl {args:?}: {stderr}");
+    }
+    Ok(())
+}
+
+/// The agent's log written to a file (not a terminal) carries no ANSI colour codes.
+#[tokio::test]
+async fn agent_log_to_a_file_has_no_colour_codes() -> anyhow::Result<()> {
+    let a = Mosquitto::start().await?;
+    let b = Mosquitto::start().await?;
+    let dir = tempfile::tempdir()?;
+    let mut bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["out"]);
+    bridge.shared_outbox = false;
+    let mut agent = bridge.start_agent().await?;
+    let stderr = agent.process().map(|p| p.stderr()).unwrap_or_default();
+    assert!(stderr.contains("bridge running"), "{stderr}");
+    assert!(
+        !stderr.contains("\x1b["),
+        "colour codes in a log file: {:?}",
+        stderr.lines().next()
+    );
+    agent.terminate(Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// A second agent on the data directory of a running one exits at once (exit 1) with a line
+/// naming the directory and the holder; the first keeps delivering; after a SIGKILL of the
+/// first (the OS drops its lock) a new one starts and delivers.
+#[tokio::test]
+async fn a_second_agent_on_the_same_data_directory_exits_naming_the_holder() -> anyhow::Result<()> {
+    const N: u64 = 50;
+    let a = Mosquitto::start().await?;
+    let b = Mosquitto::start().await?;
+    let dir = tempfile::tempdir()?;
+    let bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["x"]);
+    let collector = Collector::start(
+        &b.url(),
+        &ids::unique("collector"),
+        &format!("{}/out/#", bridge.run),
+        QoS::AtLeastOnce,
+    )
+    .await?;
+    let mut agent = bridge.start_agent().await?;
+    let holder_pid = agent.process().map(|p| p.pid()).unwrap_or_default();
+
+    let mut second = ChildProcess::spawn(
+        project_bin("ferry-agent")?,
+        [
+            "run".to_owned(),
+            "--config".to_owned(),
+            dir.path().join("bridge.yaml").display().to_string(),
+            "--admin-listen".to_owned(),
+            format!("127.0.0.1:{}", free_port()?),
+            "--agent-id".to_owned(),
+            "second".to_owned(),
+        ],
+        [("RUST_LOG", "info")],
+    )?;
+    let status = second.wait_exit(Duration::from_secs(10)).await?;
+    let stderr = second.stderr();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let dir_name = dir.path().display().to_string();
+    assert!(stderr.contains(&dir_name), "names the directory: {stderr}");
+    assert!(
+        stderr.contains(&format!("pid {holder_pid}")),
+        "names the holder: {stderr}"
+    );
+
+    publish_seq(&a.url(), &bridge.input(), 0..N, QoS::AtLeastOnce).await?;
+    collector
+        .wait_for(&bridge.output("x"), 0..N, DELIVERY)
+        .await?;
+    quiesced(&agent, &bridge.bindings, DELIVERY).await?;
+
+    agent.restart()?;
+    agent.wait_ready(Duration::from_secs(20)).await?;
+    publish_seq(&a.url(), &bridge.input(), N..2 * N, QoS::AtLeastOnce).await?;
+    collector
+        .wait_for(&bridge.output("x"), 0..2 * N, DELIVERY)
+        .await?;
+    let counts = quiesced(&agent, &bridge.bindings, DELIVERY).await?;
+    assert_eq!(counts[0].sent, counts[0].received, "{counts:?}");
+    assert!(
+        collector
+            .counts()
+            .missing(&bridge.output("x"), 0..2 * N)
+            .is_empty()
+    );
+    agent.terminate(Duration::from_secs(10)).await?;
+    Ok(())
+}
