@@ -7,6 +7,8 @@
 //!   versions), the lease store and the dead-letter queue, each a trait with
 //!   `memory` and `sqlite` backends and one conformance suite.
 //! - [`metrics`]: every metric, defined once; the conservation counters.
+//! - [`health`]: readiness conditions (`/readyz`), reported by the runtime,
+//!   the drainers and the stores.
 //! - [`admin`]: the admin listener (`/metrics`, `/healthz`, `/readyz`, and
 //!   the local `DlqService` over gRPC).
 //! - [`runtime`]: builds a running bridge from a validated configuration and
@@ -23,6 +25,7 @@
 pub mod admin;
 pub mod datadir;
 pub mod drainer;
+pub mod health;
 pub mod metrics;
 pub mod routes;
 pub mod runtime;

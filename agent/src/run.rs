@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use ferry_agent::admin::{self, Readiness};
+use ferry_agent::admin;
 use ferry_agent::datadir;
+use ferry_agent::health::Readiness;
 use ferry_agent::metrics::Metrics;
 use ferry_agent::runtime::{Bridge, Deps};
 use ferry_shared::config::{CheckError, ProcessEnv, ValidConfig, check_file};
