@@ -6,9 +6,14 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use ferry_shared::api::v1 as pb;
+use ferry_shared::api::v1::dlq_service_client::DlqServiceClient;
+use ferry_tests::agent::{Agent, http_get};
 use ferry_tests::mqtt::QoS;
 use ferry_tests::process::{ChildProcess, project_bin};
-use ferry_tests::{Collector, Mosquitto, free_port, ids, publish_seq, wait};
+use ferry_tests::{
+    Collector, Mosquitto, PublishOptions, free_port, ids, publish_seq, publish_seq_with, wait,
+};
 
 use crate::agent_support::{Bridge, quiesced};
 use crate::control_plane::ControlPlane;
@@ -143,6 +148,152 @@ async fn a_second_agent_on_the_same_data_directory_exits_naming_the_holder() -> 
             .missing(&bridge.output("x"), 0..2 * N)
             .is_empty()
     );
+    agent.terminate(Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// The value of `ferry_store_errors_total` for `store` and `kind` (0 when absent).
+fn store_errors(agent: &Agent, store: &str, kind: &str) -> anyhow::Result<f64> {
+    let (status, body) = http_get(agent_port(agent)?, "/metrics")?;
+    anyhow::ensure!(status == 200, "/metrics answered {status}");
+    let store = format!("store=\"{store}\"");
+    let kind = format!("kind=\"{kind}\"");
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with("ferry_store_errors_total{") && l.contains(&store))
+        .filter(|l| l.contains(&kind))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum())
+}
+
+fn agent_port(agent: &Agent) -> anyhow::Result<u16> {
+    let url = agent.admin_url();
+    Ok(url.rsplit_once(':').map_or("", |(_, p)| p).parse()?)
+}
+
+/// A DLQ that is full (`max_size_bytes` at its minimum) and a message that must be
+/// dead-lettered (100 KB on a route whose `max_payload_bytes` is 1024): `/readyz` answers not
+/// ready naming the DLQ and why, `ferry_store_errors_total{store="dlq",kind="full"}` counts
+/// the failed writes, and the log says so once — not once per attempt. Restarted with room,
+/// the agent is ready again, the message is in the DLQ and the law holds exactly.
+#[tokio::test]
+async fn a_full_dlq_is_named_by_readyz_counted_and_logged_once() -> anyhow::Result<()> {
+    const N: u64 = 20;
+    let a = Mosquitto::start().await?;
+    let b = Mosquitto::start().await?;
+    let dir = tempfile::tempdir()?;
+    let mut bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["x"]);
+    bridge.policy = vec!["max_payload_bytes: 1024".into()];
+    let dlq_path = format!("path: {}/dlq.db\n", dir.path().display());
+    let limited = bridge.yaml().replace(
+        &dlq_path,
+        &format!("{dlq_path}      max_size_bytes: 65536\n"),
+    );
+    anyhow::ensure!(limited != bridge.yaml(), "the DLQ limit was not applied");
+    let collector = Collector::start(
+        &b.url(),
+        &ids::unique("collector"),
+        &format!("{}/out/#", bridge.run),
+        QoS::AtLeastOnce,
+    )
+    .await?;
+    let mut agent = Agent::start(dir.path(), &limited)?;
+    agent.wait_ready(Duration::from_secs(20)).await?;
+    publish_seq(&a.url(), &bridge.input(), 0..N, QoS::AtLeastOnce).await?;
+    collector
+        .wait_for(&bridge.output("x"), 0..N, DELIVERY)
+        .await?;
+
+    let big = PublishOptions {
+        payload_size: 100_000,
+        ..Default::default()
+    };
+    publish_seq_with(&a.url(), &bridge.input(), 100..101, QoS::AtLeastOnce, big).await?;
+    let port = agent_port(&agent)?;
+    let body = wait::until_ok(DELIVERY, "/readyz to name the full DLQ", || {
+        let r = http_get(port, "/readyz").and_then(|(status, body)| {
+            anyhow::ensure!(status == 503, "{status} {body}");
+            anyhow::ensure!(body.contains("store dlq: full"), "{body}");
+            Ok(body)
+        });
+        std::future::ready(r)
+    })
+    .await?;
+    assert!(body.contains("database or disk is full"), "{body}");
+    // Several attempts (the source redelivers after each reconnect), each counted.
+    wait::until_ok(DELIVERY, "three failed DLQ writes counted", || {
+        let r = store_errors(&agent, "dlq", "full").and_then(|n| {
+            if n >= 3.0 {
+                Ok(())
+            } else {
+                anyhow::bail!("{n} so far")
+            }
+        });
+        std::future::ready(r)
+    })
+    .await?;
+    let stderr = agent.process().map(|p| p.stderr()).unwrap_or_default();
+    let about_it: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .filter(|l| l.to_lowercase().contains("dlq") || l.contains("store"))
+        .collect();
+    assert!(
+        about_it.len() <= 3,
+        "{} warnings about the full DLQ after 3 attempts:\n{}",
+        about_it.len(),
+        about_it.join("\n")
+    );
+    assert!(
+        !stderr.contains("mqtt connection lost"),
+        "the reconnect for redelivery is not a lost connection:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("reconnecting so the broker redelivers"),
+        "{stderr}"
+    );
+
+    // Room again: the broker redelivers the message to the next run, which dead-letters it.
+    std::fs::write(dir.path().join("bridge.yaml"), bridge.yaml())?;
+    agent.restart()?;
+    agent.wait_ready(Duration::from_secs(20)).await?;
+    wait::until_ok(
+        DELIVERY,
+        "the message dead-lettered after the restart",
+        || {
+            let r = agent.metrics().and_then(|m| {
+                let c = m.binding("r", "x");
+                anyhow::ensure!(
+                    c.dead_lettered == 1 && c.in_flight == 0 && c.is_conserved(),
+                    "{c:?}"
+                );
+                Ok(())
+            });
+            std::future::ready(r)
+        },
+    )
+    .await?;
+    let counts = quiesced(&agent, &bridge.bindings, DELIVERY).await?;
+    assert_eq!(
+        (counts[0].dropped, counts[0].dead_lettered),
+        (0, 1),
+        "{counts:?}"
+    );
+    let channel = tonic::transport::Channel::from_shared(agent.admin_url())?
+        .connect()
+        .await?;
+    let listed = DlqServiceClient::new(channel)
+        .list_dlq_entries(pb::ListDlqEntriesRequest::default())
+        .await?
+        .into_inner();
+    assert_eq!(listed.entries.len(), 1, "{listed:?}");
+    assert!(
+        collector
+            .counts()
+            .missing(&bridge.output("x"), 0..N)
+            .is_empty()
+    );
+    assert_eq!(collector.counts().count(&bridge.output("x"), 100), 0);
     agent.terminate(Duration::from_secs(10)).await?;
     Ok(())
 }

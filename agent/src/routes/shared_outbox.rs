@@ -200,7 +200,8 @@ impl OutboxWriter {
                     {
                         Ok(o) => outcome = o,
                         Err(error) => {
-                            tracing::warn!(route = %self.identity.route_id, %error, "dlq write failed; left to the source");
+                            // Per attempt: the store observer logs the change of state.
+                            tracing::debug!(route = %self.identity.route_id, %error, "dlq write failed; left to the source");
                             outcome = Outcome::StoreFailure;
                             break;
                         }
@@ -236,7 +237,8 @@ impl OutboxWriter {
                 Outcome::Persisted
             }
             Err(error) => {
-                tracing::warn!(route = %self.identity.route_id, message_id = %envelope.id, %error, "outbox append failed; left to the source");
+                // Per attempt: the store observer logs the change of state.
+                tracing::debug!(route = %self.identity.route_id, message_id = %envelope.id, %error, "outbox append failed; left to the source");
                 Outcome::StoreFailure
             }
         }
