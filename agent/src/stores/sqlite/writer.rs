@@ -17,6 +17,10 @@
 //! take back a tail of unsynced commits, never one from before an
 //! acknowledged durable write.
 //!
+//! When the queue is empty after a group, the thread gives free pages back
+//! to the file system if they are worth it ([`super::vacuum`]), between
+//! groups, never inside one.
+//!
 //! A failing job must not leave half its writes in the group. Jobs write
 //! only with `INSERT`, `UPDATE` and `DELETE`, and SQLite undoes a failed
 //! statement's own changes, so a job that failed without completing any
@@ -193,6 +197,12 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, full: bool, commi
         }
         if commit_group(&conn, group) {
             commits.fetch_add(1, Ordering::Relaxed);
+        }
+        if rx.is_empty() {
+            // Idle: give free pages back (cheap unless worth it).
+            if let Err(error) = super::vacuum::shrink_when_idle(&conn, || rx.is_empty()) {
+                tracing::debug!(%error, "shrinking the sqlite file failed; tried again when idle");
+            }
         }
     }
 }
