@@ -28,8 +28,9 @@ pub enum Command {
     /// exits 2.
     Validate(ValidateArgs),
     /// Run a bridge from a configuration file until SIGTERM or SIGINT. An invalid
-    /// configuration exits 2 before any connection is opened; a store that cannot be opened
-    /// exits 1.
+    /// configuration exits 2 before any connection is opened; a store that cannot be opened,
+    /// or a data directory locked by another running agent (`ferry-agent.lock` beside the
+    /// SQLite stores), exits 1.
     Run(RunArgs),
 }
 

@@ -54,6 +54,17 @@ pub struct SessionLabels {
     pub session: String,
 }
 
+/// Labels of store errors.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct StoreErrorLabels {
+    /// The configuration's `bridge.id`.
+    pub bridge: String,
+    /// `outbox`, `lease` or `dlq`.
+    pub store: String,
+    /// The error's kind: `full`, `unavailable`, `timeout`, `corrupt`.
+    pub kind: String,
+}
+
 /// Latency buckets from 0.5 ms to about 65 s.
 fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 18))
@@ -77,6 +88,7 @@ pub struct Metrics {
     redelivered: Family<RouteLabels, Counter>,
     session_connected: Family<SessionLabels, Gauge>,
     session_reconnects: Family<SessionLabels, Counter>,
+    store_errors: Family<StoreErrorLabels, Counter>,
     /// Every binding handed out, so snapshots can list them in order.
     bindings: Mutex<BTreeMap<BindingLabels, BindingMetrics>>,
 }
@@ -113,6 +125,7 @@ impl Metrics {
             redelivered: Family::default(),
             session_connected: Family::default(),
             session_reconnects: Family::default(),
+            store_errors: Family::default(),
             bindings: Mutex::new(BTreeMap::new()),
         };
         metrics.registry = metrics.registry_of_all();
@@ -201,6 +214,12 @@ impl Metrics {
             "Reconnections of a session since the agent started",
             m.session_reconnects.clone(),
         );
+        registry.register(
+            "store_errors",
+            "Store operations that failed because of the store (full, unavailable, timeout, \
+             corrupt); fencing outcomes (stale) and answers such as not found are not errors",
+            m.store_errors.clone(),
+        );
         registry
     }
 
@@ -254,6 +273,15 @@ impl Metrics {
             connected: self.session_connected.get_or_create_owned(&labels),
             reconnects: self.session_reconnects.get_or_create_owned(&labels),
         }
+    }
+
+    /// The error counter of one store and error kind.
+    pub fn store_errors(&self, bridge: &str, store: &str, kind: &str) -> Counter {
+        self.store_errors.get_or_create_owned(&StoreErrorLabels {
+            bridge: bridge.to_owned(),
+            store: store.to_owned(),
+            kind: kind.to_owned(),
+        })
     }
 
     /// The current counts of every binding, ordered by bridge, route, binding.

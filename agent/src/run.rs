@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use ferry_agent::admin::{self, Readiness};
+use ferry_agent::admin;
+use ferry_agent::datadir;
+use ferry_agent::health::Readiness;
 use ferry_agent::metrics::Metrics;
 use ferry_agent::runtime::{Bridge, Deps};
 use ferry_shared::config::{CheckError, ProcessEnv, ValidConfig, check_file};
@@ -52,6 +54,11 @@ pub fn main(args: &RunArgs) -> ExitCode {
 
 async fn serve(args: &RunArgs, valid: ValidConfig) -> anyhow::Result<()> {
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
+    // Before any store is opened; held until this function returns.
+    let locks = datadir::lock(&datadir::sqlite_dirs(&valid), &agent_id)?;
+    for dir in locks.dirs() {
+        tracing::debug!(dir = %dir.display(), "data directory locked");
+    }
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
     // Bind first: a taken port is an error before any broker connection.
@@ -101,6 +108,7 @@ async fn serve(args: &RunArgs, valid: ValidConfig) -> anyhow::Result<()> {
         }
     }
     tracing::info!("stopped");
+    drop(locks);
     Ok(())
 }
 
@@ -130,8 +138,13 @@ fn init_logging(filter: Option<&str>) {
         Some(f) => EnvFilter::new(f),
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
     };
+    // Colour only for a person at a terminal: not in files, pipes or
+    // journald, and never when `NO_COLOR` is set (no-color.org).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
 }

@@ -45,11 +45,16 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Colour only for a person at a terminal: not in files, pipes or
+    // journald, and never when `NO_COLOR` is set (no-color.org).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stdout())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        .with_ansi(colour)
         .init();
     let args = Args::parse();
     if args.heartbeat_interval_ms == 0 {

@@ -44,13 +44,13 @@ async fn ok(cp: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
     Ok(out.stdout)
 }
 
-fn document(bridge: &str, max_in_flight: u32) -> String {
+pub(crate) fn document(bridge: &str, max_in_flight: u32) -> String {
     format!(
         "bridge:\n  id: {bridge}\nsessions:\n  - id: conn\n    transport: mqtt\n    options:\n      session:\n        broker_url: tcp://127.0.0.1:1883\n        client_id: {bridge}-client\nstores:\n  dlq:\n    type: sqlite\n    options:\n      path: /tmp/{bridge}-dlq.db\nreceivers:\n  - id: in\n    session_id: conn\n    topics:\n      - topic: \"in/#\"\n        qos: 1\nsenders:\n  - id: out\n    session_id: conn\nbindings:\n  - id: to-out\n    sender_id: out\n    address: out/topic\nroutes:\n  - id: main\n    receiver_id: in\n    delivery_mode: direct_hold\n    dispatch_mode: single\n    bindings: [to-out]\n    policy:\n      max_in_flight: {max_in_flight}\n"
     )
 }
 
-fn write(dir: &Path, name: &str, text: &str) -> anyhow::Result<String> {
+pub(crate) fn write(dir: &Path, name: &str, text: &str) -> anyhow::Result<String> {
     let path = dir.join(name);
     std::fs::write(&path, text)?;
     Ok(path.display().to_string())

@@ -13,6 +13,7 @@ mod agent_failures;
 mod agent_figures;
 mod agent_ingress;
 mod agent_support;
+mod agent_visibility;
 mod control_plane;
 mod ferryctl;
 mod harness_selftest;

@@ -3,9 +3,8 @@
 //! and every lease resolved). The local `DlqService` ([`dlq`]) is served over
 //! gRPC on the same port: [`with_grpc`] merges it into the router.
 
-use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
@@ -14,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 
+pub use crate::health::{Readiness, ReadinessCondition};
 use crate::metrics::Metrics;
 
 pub mod dlq;
@@ -28,65 +28,6 @@ pub fn with_grpc(
     let grpc = tonic::service::Routes::new(dlq::LocalDlqService::server(store, redrive))
         .into_axum_router();
     router.merge(grpc)
-}
-
-/// Named readiness conditions ("session mqtt-conn connected", "lease of
-/// route sensor-ingest resolved"). The agent is ready when every registered
-/// condition holds.
-#[derive(Clone, Debug, Default)]
-pub struct Readiness {
-    conditions: Arc<Mutex<BTreeMap<String, bool>>>,
-}
-
-impl Readiness {
-    /// Registers `name` (initially not met) and returns its handle. The
-    /// condition is removed when the handle is dropped, so a route or session
-    /// that stops does not keep the agent unready.
-    pub fn condition(&self, name: impl Into<String>) -> ReadinessCondition {
-        let name = name.into();
-        self.lock().insert(name.clone(), false);
-        ReadinessCondition {
-            readiness: self.clone(),
-            name,
-        }
-    }
-
-    /// The names of every condition not met, in order.
-    pub fn unmet(&self) -> Vec<String> {
-        self.lock()
-            .iter()
-            .filter(|(_, met)| !**met)
-            .map(|(name, _)| name.clone())
-            .collect()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, bool>> {
-        self.conditions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// One readiness condition; see [`Readiness::condition`].
-#[derive(Debug)]
-pub struct ReadinessCondition {
-    readiness: Readiness,
-    name: String,
-}
-
-impl ReadinessCondition {
-    /// Marks the condition met or not.
-    pub fn set(&self, met: bool) {
-        if let Some(value) = self.readiness.lock().get_mut(&self.name) {
-            *value = met;
-        }
-    }
-}
-
-impl Drop for ReadinessCondition {
-    fn drop(&mut self) {
-        self.readiness.lock().remove(&self.name);
-    }
 }
 
 #[derive(Clone)]

@@ -40,7 +40,6 @@ use super::{
     Failure, RetryBackoff, RouteBinding, RouteIdentity, delivery_dlq_id, dispose,
     permanent_failure, with_ttl,
 };
-use crate::log_state::FailureLog;
 use crate::metrics::{RouteMetrics, Terminal};
 use crate::stores::{DlqReason, DlqStore};
 use crate::transports::{Address, Delivery, Outcome, Receiver, Sender};
@@ -66,8 +65,6 @@ struct Running {
     route: DirectHold,
     /// Deliveries held on a failing DLQ write; intake pauses while any is.
     hold: StoreHold,
-    /// The DLQ writes' failing/healthy state, for the logs.
-    dlq_writes: FailureLog,
 }
 
 impl DirectHold {
@@ -83,7 +80,6 @@ impl DirectHold {
         let this = Arc::new(Running {
             route: self,
             hold: StoreHold::default(),
-            dlq_writes: FailureLog::new("dlq write"),
         });
         let max_in_flight = this.route.policy.max_in_flight as usize;
         let mut in_flight = FuturesUnordered::new();
@@ -276,7 +272,6 @@ impl Running {
         let written = self
             .hold
             .retry(
-                &self.dlq_writes,
                 &route.identity.route_id,
                 route.policy.retry_backoff.initial_interval.get(),
                 shutdown,

@@ -16,9 +16,10 @@
 //! counted again).
 //!
 //! Invariants: [`StoreHold::active`] is true exactly while some delivery
-//! is inside [`StoreHold::retry`] after a failed attempt; every failure and
-//! recovery is logged through the route's [`FailureLog`] (one line per
-//! change of state).
+//! is inside [`StoreHold::retry`] after a failed attempt. The route logs one
+//! line when intake pauses and one when it resumes; the store's failure
+//! itself is logged (once per change of state), counted and shown by
+//! `/readyz` where every store is observed (`stores::observed`).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,7 +28,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::RetryBackoff;
-use crate::log_state::FailureLog;
 use crate::stores::StoreError;
 
 /// The longest wait between two attempts of a held write: the route is
@@ -52,7 +52,6 @@ impl StoreHold {
     /// then twice as long each time up to five seconds, with full jitter.
     pub async fn retry<T, F, Fut>(
         &self,
-        log: &FailureLog,
         route: &str,
         first_delay: Duration,
         shutdown: &CancellationToken,
@@ -66,7 +65,6 @@ impl StoreHold {
         loop {
             let error = match write().await {
                 Ok(value) => {
-                    log.succeeded(route);
                     if backoff.is_some() {
                         self.release(route);
                     }
@@ -74,7 +72,7 @@ impl StoreHold {
                 }
                 Err(error) => error,
             };
-            log.failed(route, &error);
+            tracing::debug!(route, %error, "store write failed; retrying");
             let backoff = backoff.get_or_insert_with(|| {
                 if self.held.fetch_add(1, Ordering::AcqRel) == 0 {
                     tracing::warn!(route, "holding a delivery whose store write fails; pausing intake until it succeeds");
@@ -114,12 +112,10 @@ mod tests {
     #[tokio::test]
     async fn a_write_is_retried_until_it_succeeds_and_holds_meanwhile() {
         let hold = Arc::new(StoreHold::default());
-        let log = FailureLog::new("test write");
         let attempts = Arc::new(AtomicU32::new(0));
         let seen_active = Arc::new(AtomicU32::new(0));
         let result = hold
             .retry(
-                &log,
                 "r",
                 Duration::from_millis(1),
                 &CancellationToken::new(),
@@ -150,7 +146,6 @@ mod tests {
     #[tokio::test]
     async fn shutdown_gives_the_delivery_back() {
         let hold = StoreHold::default();
-        let log = FailureLog::new("test write");
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         tokio::spawn(async move {
@@ -158,7 +153,7 @@ mod tests {
             stop.cancel();
         });
         let result: Option<()> = hold
-            .retry(&log, "r", Duration::from_millis(1), &shutdown, || async {
+            .retry("r", Duration::from_millis(1), &shutdown, || async {
                 Err(StoreError::Unavailable("down".into()))
             })
             .await;

@@ -47,7 +47,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::hold::StoreHold;
 use super::{Failure, RouteBinding, RouteIdentity, delivery_dlq_id, dispose, with_ttl};
-use crate::log_state::FailureLog;
 use crate::metrics::RouteMetrics;
 use crate::stores::{DlqReason, DlqStore, NewRecord, OutboxStore};
 use crate::transports::{Delivery, Outcome, Receiver};
@@ -192,9 +191,6 @@ pub struct OutboxWriter {
     pub wake: Arc<Notify>,
     /// Shared with the drainer.
     pub depth: Arc<OutboxDepth>,
-    /// The appends' failing/healthy state, for the logs
-    /// (`FailureLog::new("outbox append")`).
-    pub appends: FailureLog,
 }
 
 /// The depth below which stopped intake resumes (when a message also has
@@ -216,8 +212,6 @@ struct Running {
     writer: OutboxWriter,
     /// Deliveries held on a failing append or DLQ write.
     hold: StoreHold,
-    /// The DLQ writes' failing/healthy state, for the logs.
-    dlq_writes: FailureLog,
 }
 
 impl OutboxWriter {
@@ -233,7 +227,6 @@ impl OutboxWriter {
         let this = Arc::new(Running {
             writer: self,
             hold: StoreHold::default(),
-            dlq_writes: FailureLog::new("dlq write"),
         });
         let w = &this.writer;
         let max_in_flight = w.policy.max_in_flight as usize;
@@ -373,7 +366,6 @@ impl Running {
             let written = self
                 .hold
                 .retry(
-                    &self.dlq_writes,
                     &w.identity.route_id,
                     w.policy.retry_backoff.initial_interval.get(),
                     shutdown,
@@ -415,7 +407,6 @@ impl Running {
         let appended = self
             .hold
             .retry(
-                &w.appends,
                 &w.identity.route_id,
                 w.policy.retry_backoff.initial_interval.get(),
                 shutdown,

@@ -15,6 +15,7 @@ use crate::drainer::Drainer;
 use crate::routes::direct_hold::DirectHold;
 use crate::routes::shared_outbox::{OutboxDepth, OutboxWriter};
 use crate::routes::{RouteBinding, RouteIdentity};
+use crate::stores::observed::{self, StoreObserver};
 use crate::stores::{DlqStore, LeaseStore, OutboxStore};
 use crate::transports::mqtt::{MqttReceiver, MqttSenderSettings, MqttSession};
 use crate::transports::{Receiver, Sender, Session};
@@ -24,16 +25,32 @@ pub(super) async fn start(valid: &ValidConfig, deps: Deps) -> Result<Bridge, Bui
     let stale = valid
         .stale_claim_duration()
         .map_or(Duration::from_secs(300), |d| d.get());
+    // Every store is observed: errors counted, health in /readyz, one log
+    // line per change of state (stores::observed).
+    let observer = |store| {
+        StoreObserver::new(
+            &bridge_id,
+            store,
+            Arc::clone(&deps.metrics),
+            &deps.readiness,
+        )
+    };
     let outbox: Option<Arc<dyn OutboxStore>> = match &valid.stores.outbox {
-        Some(c) => Some(settings::outbox(c, stale).await?),
+        Some(c) => Some(observed::outbox(
+            settings::outbox(c, stale).await?,
+            observer("outbox"),
+        )),
         None => None,
     };
     let leases: Option<Arc<dyn LeaseStore>> = match &valid.stores.lease {
-        Some(c) => Some(settings::lease(c).await?),
+        Some(c) => Some(observed::lease(
+            settings::lease(c).await?,
+            observer("lease"),
+        )),
         None => None,
     };
     let dlq: Option<Arc<dyn DlqStore>> = match &valid.stores.dlq {
-        Some(c) => Some(settings::dlq(c).await?),
+        Some(c) => Some(observed::dlq(settings::dlq(c).await?, observer("dlq"))),
         None => None,
     };
 
@@ -230,7 +247,6 @@ pub(super) async fn start(valid: &ValidConfig, deps: Deps) -> Result<Bridge, Bui
                     route_metrics,
                     wake,
                     depth,
-                    appends: crate::log_state::FailureLog::new("outbox append"),
                 };
                 route_tasks.push(tokio::spawn(writer.run(
                     receiver,

@@ -24,7 +24,7 @@ use ferry_shared::config::ValidConfig;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::Readiness;
+use crate::health::Readiness;
 use crate::metrics::Metrics;
 use crate::stores::DlqStore;
 use crate::transports::mqtt::MqttSession;

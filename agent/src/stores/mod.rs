@@ -65,6 +65,7 @@ use std::time::{Duration, SystemTime};
 mod dlq;
 mod lease;
 pub mod memory;
+pub mod observed;
 mod outbox;
 pub mod sqlite;
 
@@ -120,6 +121,33 @@ impl StoreError {
     /// may have (`Unavailable`, `Timeout`) and the caller must reconcile.
     pub fn outcome_known(&self) -> bool {
         !matches!(self, StoreError::Unavailable(_) | StoreError::Timeout(_))
+    }
+
+    /// The variant's name in snake case, for metric labels and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Stale(_) => "stale",
+            StoreError::Conflict(_) => "conflict",
+            StoreError::NotFound(_) => "not_found",
+            StoreError::Invalid(_) => "invalid",
+            StoreError::Corrupt(_) => "corrupt",
+            StoreError::Full(_) => "full",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Timeout(_) => "timeout",
+        }
+    }
+
+    /// True when the store itself failed (`Full`, `Unavailable`, `Timeout`,
+    /// `Corrupt`): what makes a store unhealthy. `Stale`, `Conflict`,
+    /// `NotFound` and `Invalid` are answers about the caller's request.
+    pub fn is_store_failure(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Full(_)
+                | StoreError::Unavailable(_)
+                | StoreError::Timeout(_)
+                | StoreError::Corrupt(_)
+        )
     }
 }
 

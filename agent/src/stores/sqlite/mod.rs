@@ -8,6 +8,10 @@
 //! `synchronous=FULL` by default: an acknowledged write is on disk even if
 //! the machine loses power; `NORMAL` keeps it across a process crash only.
 //!
+//! Free pages go back to the file system when the writer is idle
+//! ([`vacuum`]: incremental auto-vacuum, WAL truncation), so a store shrinks
+//! back after a backlog drains.
+//!
 //! Times are stored as nanoseconds since the Unix epoch (exact round trips);
 //! envelopes as [`Envelope::encode`](ferry_shared::envelope::Envelope::encode).
 
@@ -15,6 +19,7 @@ mod dlq;
 mod lease;
 mod outbox;
 mod schema;
+mod vacuum;
 mod writer;
 
 pub use dlq::SqliteDlqStore;
@@ -163,6 +168,8 @@ impl Db {
         let full = options.synchronous == Synchronous::Full;
         let (write, read) = tokio::task::spawn_blocking(move || {
             let write = connect(&options)?;
+            // Before the first table: the file shrinks after a backlog.
+            vacuum::enable_incremental(&write, &options.path)?;
             schema(&write)?;
             let read = connect(&options)?;
             Ok::<_, StoreError>((write, read))
@@ -288,5 +295,81 @@ mod tests {
         let stats = store.stats("p").await.expect("stats");
         assert_eq!(stats.total.depth, appended as u64 + 1);
         store.close().await;
+    }
+
+    fn file_bytes(dir: &tempfile::TempDir, name: &str) -> u64 {
+        ["", "-wal"]
+            .iter()
+            .filter_map(|suffix| std::fs::metadata(dir.path().join(format!("{name}{suffix}"))).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+
+    /// A backlog of 3 000 records of 4 KiB grows the file past 12 MB; once
+    /// they are drained (claimed and completed) the idle writer gives the
+    /// space back: the database and its WAL end below 2 MB.
+    #[tokio::test]
+    async fn the_outbox_file_shrinks_back_after_a_backlog_drains() {
+        const RECORDS: usize = 3_000;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
+            .await
+            .expect("open");
+        for chunk in 0..RECORDS / 100 {
+            let records = (0..100)
+                .map(|i| {
+                    let mut e = envelope(&format!("m{chunk}-{i}"));
+                    e.payload = Bytes::from(vec![b'x'; 4 * 1024]);
+                    NewRecord::new("x", "out", e, t(0))
+                })
+                .collect();
+            store.append("p", records).await.expect("append");
+        }
+        let grown = file_bytes(&dir, "outbox.db");
+        assert!(grown > 12_000_000, "the backlog took {grown} bytes");
+        loop {
+            let claimed = store.claim("p", "o", 1, 500, t(1)).await.expect("claim");
+            if claimed.is_empty() {
+                break;
+            }
+            let seqs: Vec<u64> = claimed.iter().map(|r| r.seq).collect();
+            store.complete("p", 1, &seqs).await.expect("complete");
+        }
+        assert_eq!(store.stats("p").await.expect("stats").total.depth, 0);
+        // The writer shrinks when idle, after the last completion; wait for
+        // it with a deadline.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut size = file_bytes(&dir, "outbox.db");
+        while size > 2_000_000 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            size = file_bytes(&dir, "outbox.db");
+        }
+        assert!(
+            size <= 2_000_000,
+            "{size} bytes left after draining {grown}"
+        );
+        store.close().await;
+    }
+
+    /// An existing database without incremental auto-vacuum is converted
+    /// once when it is opened.
+    #[tokio::test]
+    async fn an_existing_database_is_converted_to_incremental_auto_vacuum() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("old.db");
+        {
+            let conn = Connection::open(&path).expect("open");
+            conn.execute_batch("PRAGMA auto_vacuum=NONE; CREATE TABLE legacy (x INTEGER);")
+                .expect("legacy schema");
+        }
+        let store = SqliteOutboxStore::open(sqlite_options(&dir, "old.db"))
+            .await
+            .expect("open");
+        store.close().await;
+        let conn = Connection::open(&path).expect("reopen");
+        let mode: i64 = conn
+            .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+            .expect("auto_vacuum");
+        assert_eq!(mode, 2, "incremental");
     }
 }

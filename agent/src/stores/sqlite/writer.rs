@@ -24,6 +24,9 @@
 //! full (disk, `max_size_bytes`) SQLite rolls back the whole transaction, and
 //! mixed groups would take every completion back with the append, so room
 //! would never come back.
+//! When the queue is empty after a group, the thread gives free pages back
+//! to the file system if they are worth it ([`super::vacuum`]), between
+//! groups, never inside one.
 //!
 //! A failing job must not leave half its writes in the group. Jobs write
 //! only with `INSERT`, `UPDATE` and `DELETE`, and SQLite undoes a failed
@@ -193,6 +196,12 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, full: bool, commi
         for group in [unsynced, synced] {
             if !group.is_empty() && commit_kind(&conn, group, full, &mut syncing) {
                 commits.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if rx.is_empty() {
+            // Idle: give free pages back (cheap unless worth it).
+            if let Err(error) = super::vacuum::shrink_when_idle(&conn, || rx.is_empty()) {
+                tracing::debug!(%error, "shrinking the sqlite file failed; tried again when idle");
             }
         }
     }

@@ -294,6 +294,13 @@ impl ReceiverFeed {
         }
     }
 
+    /// When this connection is being closed on purpose so that the broker
+    /// redelivers what was left unacknowledged: how many deliveries that is.
+    pub fn redelivery_requested(&self) -> Option<usize> {
+        let acks = lock(&self.acks);
+        acks.reconnect_requested.then_some(acks.entries.len())
+    }
+
     /// The connection is gone: settles of its deliveries become no-ops.
     pub fn on_disconnected(&mut self) {
         lock(&self.acks).new_connection();
@@ -324,7 +331,8 @@ impl ReceiverFeed {
                 queue.settle(ticket, outcome.acknowledges());
                 queue.flush(&client);
                 if queue.take_reconnect_request() {
-                    tracing::info!(
+                    // The session logs the reconnect, with how many wait.
+                    tracing::debug!(
                         "a delivery was left unacknowledged; reconnecting so the broker redelivers"
                     );
                     client.try_disconnect().ok();

@@ -102,6 +102,7 @@ impl MqttSession {
             connected: connected_tx,
             reconnects: Arc::clone(&reconnects),
             backoff: Backoff::new(settings.reconnect_initial, settings.reconnect_max),
+            disconnect_sent: false,
         };
         tracing::info!(
             session = %settings.name,
@@ -187,6 +188,9 @@ struct EventTask {
     connected: watch::Sender<bool>,
     reconnects: Arc<AtomicU64>,
     backoff: Backoff,
+    /// Our DISCONNECT was written on the current connection: its end is
+    /// deliberate, not a lost connection.
+    disconnect_sent: bool,
 }
 
 impl EventTask {
@@ -207,6 +211,7 @@ impl EventTask {
                         }
                         ever_connected = true;
                         connected_at = Some(Instant::now());
+                        self.disconnect_sent = false;
                     }
                     self.handle(event);
                     if let Some(feed) = &mut self.feed {
@@ -216,12 +221,25 @@ impl EventTask {
                 }
                 Err(error) => {
                     let lasted = connected_at.take().map(|at| at.elapsed());
+                    // Our own DISCONNECT (the receiver asking for redelivery,
+                    // or `reconnect`) is not a lost connection.
+                    let redeliver = self.feed.as_ref().and_then(|f| f.redelivery_requested());
+                    let deliberate = std::mem::take(&mut self.disconnect_sent);
                     self.on_connection_lost(&format!("connection lost: {error}"));
                     if lasted.is_some_and(|d| d >= STABLE_CONNECTION) {
                         self.backoff.reset();
                     }
                     let delay = self.backoff.next_delay();
-                    if lasted.is_some() {
+                    if let Some(unacknowledged) = redeliver {
+                        tracing::info!(
+                            session = %self.name,
+                            unacknowledged,
+                            ?delay,
+                            "reconnecting so the broker redelivers {unacknowledged} unacknowledged messages"
+                        );
+                    } else if deliberate && lasted.is_some() {
+                        tracing::info!(session = %self.name, ?delay, "reconnecting as requested");
+                    } else if lasted.is_some() {
                         tracing::warn!(session = %self.name, %error, ?delay, "mqtt connection lost; reconnecting");
                     } else {
                         tracing::warn!(session = %self.name, %error, ?delay, "mqtt connection failed; retrying");
@@ -279,7 +297,8 @@ impl EventTask {
                     tracing::error!(session = %self.name, ?refused, "the broker refused subscriptions");
                 }
             }
-            Event::DisconnectSent | Event::Other => {}
+            Event::DisconnectSent => self.disconnect_sent = true,
+            Event::Other => {}
         }
     }
 

@@ -1,7 +1,22 @@
 //! `ferryctl`: manage Ferry through the control plane's gRPC API, kubectl
 //! style. Tables by default, `-o json|yaml` for scripts; any failure exits
 //! non-zero with one clear line on stderr (or the validator's whole list for a
-//! rejected configuration).
+//! rejected configuration). Everything goes to stdout through [`out!`] and
+//! [`outln!`]: a reader that goes away (`ferryctl get configs | head -1`)
+//! ends the command quietly with exit 0 instead of a "Broken pipe" panic.
+
+/// `print!` that returns the write error instead of panicking (see
+/// [`output::write_stdout`]).
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::output::write_stdout(format_args!($($arg)*)) };
+}
+
+/// `println!` that returns the write error instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
 
 mod output;
 mod views;
@@ -231,6 +246,8 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader closed the pipe: it has all it wanted.
+        Err(error) if output::is_broken_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("ferryctl: {}", describe_error(&error));
             ExitCode::FAILURE
@@ -319,10 +336,11 @@ async fn dispatch(channel: Channel, out: Format, command: Command) -> anyhow::Re
                 .context("the server returned no configuration")?;
             let view = ConfigView::new(config, false);
             if out == Format::Table {
-                println!(
+                outln!(
                     "bridge {} rolled back to version {to}: now version {}",
-                    view.bridge_id, view.version
-                );
+                    view.bridge_id,
+                    view.version
+                )?;
                 return Ok(());
             }
             output::object(out, &view, ConfigView::pairs)
@@ -334,7 +352,7 @@ async fn dispatch(channel: Channel, out: Format, command: Command) -> anyhow::Re
                     expected_version: None,
                 })
                 .await?;
-            println!("bridge {config} deleted");
+            outln!("bridge {config} deleted")?;
             Ok(())
         }
         Command::Dlq { action } => dlq(channel, out, action).await,
@@ -360,10 +378,11 @@ async fn dispatch(channel: Channel, out: Format, command: Command) -> anyhow::Re
                 .collect();
             output::list(out, &rows)?;
             if out == Format::Table {
-                println!(
+                outln!(
                     "agents: {} ({} connected)",
-                    totals.agents, totals.agents_connected
-                );
+                    totals.agents,
+                    totals.agents_connected
+                )?;
             }
             Ok(())
         }
@@ -436,15 +455,17 @@ async fn apply(
     let view = ConfigView::new(config, false);
     if out == Format::Table {
         if response.changed {
-            println!(
+            outln!(
                 "bridge {} configured: version {}",
-                view.bridge_id, view.version
-            );
+                view.bridge_id,
+                view.version
+            )?;
         } else {
-            println!(
+            outln!(
                 "bridge {} unchanged: version {}",
-                view.bridge_id, view.version
-            );
+                view.bridge_id,
+                view.version
+            )?;
         }
         return Ok(());
     }
@@ -539,7 +560,7 @@ async fn get(channel: Channel, out: Format, what: Get) -> anyhow::Result<()> {
             let rows: Vec<DlqEntryView> = page.entries.into_iter().map(Into::into).collect();
             output::list(out, &rows)?;
             if out == Format::Table && !page.next_page_token.is_empty() {
-                println!("(more entries: raise --limit or narrow the filter)");
+                outln!("(more entries: raise --limit or narrow the filter)")?;
             }
             Ok(())
         }
@@ -605,7 +626,7 @@ async fn dlq(channel: Channel, out: Format, action: Dlq) -> anyhow::Result<()> {
                 .collect();
             output::list(out, &rows)?;
             if response.truncated && out == Format::Table {
-                println!("(more entries matched: run again or raise --limit)");
+                outln!("(more entries matched: run again or raise --limit)")?;
             }
             if failed > 0 {
                 anyhow::bail!("{failed} of {} entries were not redriven", rows.len());
@@ -616,7 +637,7 @@ async fn dlq(channel: Channel, out: Format, action: Dlq) -> anyhow::Result<()> {
             client
                 .delete_dlq_entry(pb::DeleteDlqEntryRequest { id: id.clone() })
                 .await?;
-            println!("entry {id} deleted");
+            outln!("entry {id} deleted")?;
             Ok(())
         }
         // `--yes` was checked before connecting.
@@ -629,7 +650,7 @@ async fn dlq(channel: Channel, out: Format, action: Dlq) -> anyhow::Result<()> {
                 .await?
                 .into_inner()
                 .purged;
-            println!("{purged} entries purged");
+            outln!("{purged} entries purged")?;
             Ok(())
         }
         Dlq::Stats { filter } => {
@@ -654,8 +675,8 @@ async fn dlq(channel: Channel, out: Format, action: Dlq) -> anyhow::Result<()> {
             );
             match out {
                 Format::Table => {
-                    print!("{text}");
-                    println!("total: {}", stats.total);
+                    out!("{text}")?;
+                    outln!("total: {}", stats.total)?;
                     Ok(())
                 }
                 _ => {

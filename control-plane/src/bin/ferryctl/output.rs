@@ -1,9 +1,28 @@
 //! How ferryctl prints: aligned tables for people, JSON or YAML for scripts.
 //! Every command builds serializable views; this module only renders them.
 
+use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
+
+/// Writes to stdout and flushes. Unlike `print!` it returns the error: a
+/// closed pipe is `BrokenPipe`, which [`is_broken_pipe`] recognises so that
+/// `main` ends quietly (Rust ignores SIGPIPE, so the write fails with EPIPE).
+pub fn write_stdout(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_fmt(args)?;
+    stdout.flush()
+}
+
+/// True when `error` comes from writing to a reader that went away.
+pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
 
 /// The `-o` flag.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -29,7 +48,7 @@ pub trait Row: Serialize {
 pub fn list<T: Row>(format: Format, rows: &[T]) -> anyhow::Result<()> {
     match format {
         Format::Table => {
-            print!("{}", table(T::HEADERS, rows.iter().map(Row::cells)));
+            out!("{}", table(T::HEADERS, rows.iter().map(Row::cells)))?;
             Ok(())
         }
         Format::Json => json(&rows),
@@ -50,16 +69,16 @@ pub fn object<T: Serialize>(
             let width = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
             for (key, value) in pairs {
                 if value.contains('\n') {
-                    println!("{key}:");
+                    outln!("{key}:")?;
                     for line in value.lines() {
-                        println!("  {line}");
+                        outln!("  {line}")?;
                     }
                 } else {
-                    println!(
+                    outln!(
                         "{key:<width$}  {value}",
                         width = width + 1,
                         key = format!("{key}:")
-                    );
+                    )?;
                 }
             }
             Ok(())
@@ -70,12 +89,12 @@ pub fn object<T: Serialize>(
 }
 
 fn json<T: Serialize>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?)?;
     Ok(())
 }
 
 fn yaml<T: Serialize>(value: &T) -> anyhow::Result<()> {
-    print!("{}", serde_saphyr::to_string(value)?);
+    out!("{}", serde_saphyr::to_string(value)?)?;
     Ok(())
 }
 
