@@ -81,7 +81,7 @@ impl FailureLog {
                 tracing::warn!(
                     scope,
                     operation = self.operation,
-                    kind = kind(error),
+                    kind = error.kind(),
                     %error,
                     failed = f.failed,
                     "store operation failing; logged again when it recovers (or every 30s)"
@@ -92,7 +92,7 @@ impl FailureLog {
                 tracing::warn!(
                     scope,
                     operation = self.operation,
-                    kind = kind(error),
+                    kind = error.kind(),
                     %error,
                     failed = f.failed,
                     for_secs = now.duration_since(f.since).as_secs(),
@@ -131,20 +131,6 @@ impl FailureLog {
             .unwrap_or_else(PoisonError::into_inner)
             .failing
             .is_some()
-    }
-}
-
-/// The error's kind, as a log field.
-fn kind(error: &StoreError) -> &'static str {
-    match error {
-        StoreError::Stale(_) => "stale",
-        StoreError::Conflict(_) => "conflict",
-        StoreError::NotFound(_) => "not_found",
-        StoreError::Invalid(_) => "invalid",
-        StoreError::Corrupt(_) => "corrupt",
-        StoreError::Full(_) => "full",
-        StoreError::Unavailable(_) => "unavailable",
-        StoreError::Timeout(_) => "timeout",
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ferry_tests::mqtt::QoS;
-use ferry_tests::{Collector, Mosquitto, ids, publish_seq, wait};
+use ferry_tests::{Mosquitto, publish_seq, wait};
 
 use crate::agent_support::{Bridge, quiesced};
 
@@ -16,13 +16,7 @@ async fn fan_out_reaches_every_destination_and_counts_add_up() -> anyhow::Result
     let b = Mosquitto::start().await?;
     let dir = tempfile::tempdir()?;
     let bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["x", "y", "z"]);
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let mut agent = bridge.start_agent().await?;
 
     const N: u64 = 500;
@@ -65,13 +59,7 @@ async fn a_burst_past_the_receive_window_costs_no_reconnect_and_no_duplicate() -
     let dir = tempfile::tempdir()?;
     let mut bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["x"]);
     bridge.policy.push("max_in_flight: 20".into());
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let agent = bridge.start_agent().await?;
 
     publish_seq(&a.url(), &bridge.input(), 0..N, QoS::AtLeastOnce).await?;
@@ -135,13 +123,7 @@ async fn sigkill_during_drain_loses_nothing_and_bounds_duplicates() -> anyhow::R
         format!("drain_batch_size: {BATCH}"),
         "lease_ttl: 3s".into(),
     ];
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let mut agent = bridge.start_agent().await?;
 
     let (url, topic) = (a.url(), bridge.input());
@@ -200,13 +182,7 @@ async fn destination_outage_is_absorbed_by_the_outbox() -> anyhow::Result<()> {
     let mut b = Mosquitto::start().await?;
     let dir = tempfile::tempdir()?;
     let bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["x", "y"]);
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let agent = bridge.start_agent().await?;
 
     publish_seq(&a.url(), &bridge.input(), 0..N / 2, QoS::AtLeastOnce).await?;
@@ -270,13 +246,7 @@ async fn a_full_outbox_stops_intake_and_loses_nothing() -> anyhow::Result<()> {
         format!("max_outbox_depth: {DEPTH}"),
         format!("max_in_flight: {IN_FLIGHT}"),
     ];
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let agent = bridge.start_agent().await?;
     b.stop().await?;
     publish_seq(&a.url(), &bridge.input(), 0..N, QoS::AtLeastOnce).await?;

@@ -10,7 +10,7 @@ use anyhow::Context;
 use ferry_shared::api::v1 as pb;
 use ferry_tests::agent::Agent;
 use ferry_tests::mqtt::QoS;
-use ferry_tests::{Collector, Mosquitto, PublishOptions, ids, publish_seq, publish_seq_with, wait};
+use ferry_tests::{Mosquitto, PublishOptions, publish_seq, publish_seq_with, wait};
 
 use crate::agent_support::{Bridge, dlq_client};
 
@@ -56,13 +56,7 @@ async fn an_outage_longer_than_the_retry_budget_dead_letters_nothing() -> anyhow
         // A long backoff ceiling: a delivery must not sleep through the reconnect.
         "retry_backoff:\n        initial_interval: 100ms\n        max_interval: 30s".into(),
     ];
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let agent = bridge.start_agent().await?;
     publish_seq(&a.url(), &bridge.input(), 0..N / 3, QoS::AtLeastOnce).await?;
     collector
@@ -122,13 +116,7 @@ async fn a_dlq_that_cannot_be_written_pauses_intake_without_resending() -> anyho
         format!("max_in_flight: {WINDOW}"),
     ];
     bridge.dlq_options = vec!["max_size_bytes: 65536".into()];
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let mut agent = bridge.start_agent().await?;
     let output = bridge.output("x");
 

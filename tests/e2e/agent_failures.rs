@@ -7,7 +7,7 @@ use std::time::Duration;
 use ferry_shared::api::v1 as pb;
 use ferry_tests::mqtt::QoS;
 use ferry_tests::process::{ChildProcess, project_bin};
-use ferry_tests::{Collector, Mosquitto, PublishOptions, ids, publish_seq, publish_seq_with, wait};
+use ferry_tests::{Mosquitto, PublishOptions, ids, publish_seq, publish_seq_with, wait};
 
 use crate::agent_support::{Bridge, dlq_client, quiesced};
 
@@ -40,13 +40,7 @@ async fn poison_binding_fills_the_dlq_and_redrive_delivers_after_the_fix() -> an
     bridge
         .address_suffix
         .insert("poison".into(), format!("/{}", "p".repeat(1200)));
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let agent = bridge.start_agent().await?;
 
     publish_seq(&a.url(), &bridge.input(), 0..N, QoS::AtLeastOnce).await?;
@@ -183,13 +177,7 @@ async fn oversized_payload_is_dead_lettered_on_direct_hold() -> anyhow::Result<(
     let mut bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["x"]);
     bridge.shared_outbox = false;
     bridge.policy = vec!["max_payload_bytes: 1024".into()];
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let mut agent = bridge.start_agent().await?;
     publish_seq(&a.url(), &bridge.input(), 0..5, QoS::AtLeastOnce).await?;
     let big = PublishOptions {
@@ -290,13 +278,7 @@ async fn shutdown_leaves_held_deliveries_to_the_source() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["x"]);
     bridge.shared_outbox = false;
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let mut agent = bridge.start_agent().await?;
     b.stop().await?;
     publish_seq(&a.url(), &bridge.input(), 0..5, QoS::AtLeastOnce).await?;

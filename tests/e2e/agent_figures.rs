@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ferry_tests::agent::Agent;
 use ferry_tests::mqtt::QoS;
-use ferry_tests::{Collector, Mosquitto, PublishOptions, ids, publish_seq, publish_seq_with, wait};
+use ferry_tests::{Mosquitto, PublishOptions, publish_seq, publish_seq_with, wait};
 
 use crate::agent_support::{Bridge, quiesced};
 
@@ -51,13 +51,7 @@ async fn a_lease_loss_leaves_nothing_in_flight() -> anyhow::Result<()> {
         "renew_interval: 300ms".into(),
         "step_down_grace: 1s".into(),
     ];
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let mut agent = bridge.start_agent().await?;
 
     // Publish in slices so that sends and completions are in flight at every freeze.
@@ -118,13 +112,7 @@ async fn the_depth_gauge_is_true_while_the_outbox_is_full() -> anyhow::Result<()
         1,
     );
     anyhow::ensure!(yaml.contains("max_size_bytes"), "{yaml}");
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let mut agent = Agent::start(dir.path(), &yaml)?;
     agent.wait_ready(Duration::from_secs(20)).await?;
     b.stop().await?;
@@ -250,13 +238,7 @@ async fn the_depth_gauge_moves_while_a_drain_cycle_hangs() -> anyhow::Result<()>
     bridge.session.push("drain_batch_size: 20".into());
     bridge.session.retain(|l| l != "drain_batch_size: 100");
     let yaml = bridge.yaml().replace("keep_alive: 5", "keep_alive: 10");
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let mut agent = Agent::start(dir.path(), &yaml)?;
     agent.wait_ready(Duration::from_secs(20)).await?;
     // One message through, so that a cycle has ended well with the outbox empty.
@@ -307,13 +289,7 @@ async fn max_outbox_depth_is_never_exceeded() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["x"]);
     bridge.policy = vec![format!("max_outbox_depth: {DEPTH}")];
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let agent = bridge.start_agent().await?;
     b.stop().await?;
 

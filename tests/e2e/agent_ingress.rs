@@ -11,7 +11,7 @@ use ferry_shared::api::v1 as pb;
 use ferry_shared::api::v1::dlq_service_client::DlqServiceClient;
 use ferry_tests::agent::{Agent, BindingCounts};
 use ferry_tests::mqtt::{QoS, host_port};
-use ferry_tests::{Collector, Mosquitto, PublishOptions, ids, publish_seq_with, wait};
+use ferry_tests::{Mosquitto, PublishOptions, ids, publish_seq_with, wait};
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -266,13 +266,7 @@ async fn oversized_through(shared_outbox: bool) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["x"]);
     bridge.shared_outbox = shared_outbox;
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let agent = bridge.start_agent().await?;
     let input = bridge.input();
     let source = a.url();

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use ferry_shared::api::v1::dlq_service_client::DlqServiceClient;
 use ferry_tests::agent::{Agent, BindingCounts};
-use ferry_tests::{ids, wait};
+use ferry_tests::mqtt::QoS;
+use ferry_tests::{Collector, ids, wait};
 use tonic::transport::Channel;
 
 /// The shape of one test bridge.
@@ -120,6 +121,17 @@ impl Bridge {
             }
         }
         y
+    }
+
+    /// A collector on the destination broker for every binding's topic.
+    pub async fn collector(&self) -> anyhow::Result<Collector> {
+        Collector::start(
+            &self.destination,
+            &ids::unique("collector"),
+            &format!("{}/out/#", self.run),
+            QoS::AtLeastOnce,
+        )
+        .await
     }
 
     /// Starts an agent on this configuration and waits until it is ready.

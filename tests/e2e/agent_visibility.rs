@@ -11,9 +11,7 @@ use ferry_shared::api::v1::dlq_service_client::DlqServiceClient;
 use ferry_tests::agent::{Agent, http_get};
 use ferry_tests::mqtt::QoS;
 use ferry_tests::process::{ChildProcess, project_bin};
-use ferry_tests::{
-    Collector, Mosquitto, PublishOptions, free_port, ids, publish_seq, publish_seq_with, wait,
-};
+use ferry_tests::{Mosquitto, PublishOptions, free_port, publish_seq, publish_seq_with, wait};
 
 use crate::agent_support::{Bridge, quiesced};
 use crate::control_plane::ControlPlane;
@@ -95,13 +93,7 @@ async fn a_second_agent_on_the_same_data_directory_exits_naming_the_holder() -> 
     let b = Mosquitto::start().await?;
     let dir = tempfile::tempdir()?;
     let bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["x"]);
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let mut agent = bridge.start_agent().await?;
     let holder_pid = agent.process().map(|p| p.pid()).unwrap_or_default();
 
@@ -190,13 +182,7 @@ async fn a_full_dlq_is_named_by_readyz_counted_and_logged_once() -> anyhow::Resu
         &format!("{dlq_path}      max_size_bytes: 65536\n"),
     );
     anyhow::ensure!(limited != bridge.yaml(), "the DLQ limit was not applied");
-    let collector = Collector::start(
-        &b.url(),
-        &ids::unique("collector"),
-        &format!("{}/out/#", bridge.run),
-        QoS::AtLeastOnce,
-    )
-    .await?;
+    let collector = bridge.collector().await?;
     let mut agent = Agent::start(dir.path(), &limited)?;
     agent.wait_ready(Duration::from_secs(20)).await?;
     publish_seq(&a.url(), &bridge.input(), 0..N, QoS::AtLeastOnce).await?;

@@ -42,7 +42,7 @@ pub(super) async fn keep(
                     d.lease_resolved.set(true);
                 }
                 Err(error) => {
-                    tracing::warn!(partition = %d.partition, %error, "acquiring the lease failed");
+                    tracing::debug!(partition = %d.partition, %error, "acquiring the lease failed; the store observer logs the failure");
                 }
             },
             Some(lease) => {
@@ -61,7 +61,7 @@ pub(super) async fn keep(
                         held = None;
                     }
                     Err(error) => {
-                        tracing::warn!(partition = %d.partition, %error, "renewing the lease failed; retrying");
+                        tracing::debug!(partition = %d.partition, %error, "renewing the lease failed; retrying");
                     }
                 }
             }
