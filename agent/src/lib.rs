@@ -7,7 +7,7 @@
 //!   versions), the lease store and the dead-letter queue, each a trait with
 //!   `memory` and `sqlite` backends and one conformance suite.
 //! - [`metrics`]: every metric, defined once; the conservation counters.
-//!   [`log_state`]: one log line per change of state of a failing store
+//! - [`log_state`]: one log line per change of state of a failing store
 //!   operation.
 //! - [`health`]: readiness conditions (`/readyz`), reported by the runtime,
 //!   the drainers and the stores.
@@ -15,13 +15,16 @@
 //!   the local `DlqService` over gRPC).
 //! - [`runtime`]: builds a running bridge from a validated configuration and
 //!   owns its tasks; it wires [`routes`] (`direct_hold`, the `shared_outbox`
-//!   writer) and one [`drainer`] per `shared_outbox` route to the stores and
-//!   transports below.
+//!   writer, redrive) and one [`drainer`] per `shared_outbox` route to the
+//!   stores and transports below.
 //! - [`datadir`]: one agent per data directory (an exclusive lock file
 //!   beside the SQLite stores, taken before any store is opened).
 //! - [`transports`]: sessions, receivers and senders for the brokers and
 //!   queues Ferry moves messages between (MQTT today), behind transport-neutral
 //!   traits the routes and drainers use.
+//!
+//! Each floor uses only those below it: `runtime` → `admin`, `drainer`,
+//! `routes` → `health`, `stores`, `transports`, `metrics`.
 #![forbid(unsafe_code)]
 
 pub mod admin;

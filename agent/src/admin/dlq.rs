@@ -14,7 +14,7 @@ use ferry_shared::api::v1::dlq_service_server::{DlqService, DlqServiceServer};
 use ferry_shared::dlq::{DlqRequestError, check_purge_confirmed, check_written_entry};
 use tonic::{Request, Response, Status};
 
-use crate::runtime::Redrive;
+use crate::routes::Redrive;
 use crate::stores::{DlqEntry, DlqFilter, DlqStore, PageRequest, StoreError};
 
 /// Most entries one redrive call handles when it names no limit.

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-pub use crate::health::{Readiness, ReadinessCondition};
+use crate::health::Readiness;
 use crate::metrics::Metrics;
 
 pub mod dlq;
@@ -23,7 +23,7 @@ pub mod dlq;
 pub fn with_grpc(
     router: Router,
     store: std::sync::Arc<dyn crate::stores::DlqStore>,
-    redrive: std::sync::Arc<crate::runtime::Redrive>,
+    redrive: std::sync::Arc<crate::routes::Redrive>,
 ) -> Router {
     let grpc = tonic::service::Routes::new(dlq::LocalDlqService::server(store, redrive))
         .into_axum_router();

@@ -87,7 +87,7 @@ use ferry_shared::config::{DrainPoll, FailureAction};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::ReadinessCondition;
+use crate::health::ReadinessCondition;
 use crate::log_state::FailureLog;
 use crate::metrics::RouteMetrics;
 use crate::routes::shared_outbox::OutboxDepth;

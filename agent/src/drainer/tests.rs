@@ -11,7 +11,7 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::Drainer;
-use crate::admin::Readiness;
+use crate::health::Readiness;
 use crate::metrics::Metrics;
 use crate::routes::shared_outbox::OutboxDepth;
 use crate::routes::{RouteBinding, RouteIdentity};

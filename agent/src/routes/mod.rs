@@ -20,6 +20,7 @@
 
 pub mod direct_hold;
 mod hold;
+pub mod redrive;
 mod retry;
 pub mod shared_outbox;
 
@@ -33,6 +34,7 @@ use crate::metrics::{BindingMetrics, Terminal};
 use crate::stores::{DlqEntry, DlqReason, DlqStore, StoreError};
 use crate::transports::{Outcome, SendError};
 
+pub use redrive::Redrive;
 pub use retry::RetryBackoff;
 
 /// Who a route is, for DLQ entries, logs and metrics.

@@ -8,11 +8,11 @@ use ferry_shared::config::{DeliveryMode, Route, ValidConfig};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::redrive::{Redrive, Target};
 use super::settings;
 use super::{Bridge, BuildError, DEFAULT_GRACE, Deps};
 use crate::drainer::Drainer;
 use crate::routes::direct_hold::DirectHold;
+use crate::routes::redrive::{Redrive, Target};
 use crate::routes::shared_outbox::{OutboxDepth, OutboxWriter};
 use crate::routes::{RouteBinding, RouteIdentity};
 use crate::stores::observed::{self, StoreObserver};

@@ -14,7 +14,6 @@
 //! 3. sessions disconnect (their brokers keep the unacknowledged messages).
 
 mod build;
-pub mod redrive;
 mod settings;
 
 use std::sync::Arc;
@@ -29,7 +28,7 @@ use crate::metrics::Metrics;
 use crate::stores::DlqStore;
 use crate::transports::mqtt::MqttSession;
 
-pub use redrive::Redrive;
+use crate::routes::Redrive;
 
 /// The grace period when no route sets `step_down_grace`.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);

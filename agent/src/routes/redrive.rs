@@ -9,14 +9,14 @@ use std::time::SystemTime;
 
 use tokio::sync::Notify;
 
+use super::RouteBinding;
+use super::shared_outbox::OutboxDepth;
 use crate::metrics::Terminal;
-use crate::routes::RouteBinding;
-use crate::routes::shared_outbox::OutboxDepth;
 use crate::stores::{DlqEntry, NewRecord, OutboxStore};
 use crate::transports::{Address, Sender};
 
 /// Where a route's redriven messages go.
-pub(super) enum Target {
+pub(crate) enum Target {
     /// A new record in the route's partition.
     Outbox {
         partition: String,
@@ -47,7 +47,7 @@ impl std::fmt::Debug for Redrive {
 }
 
 impl Redrive {
-    pub(super) fn new(bridge_id: String, targets: HashMap<String, Target>) -> Self {
+    pub(crate) fn new(bridge_id: String, targets: HashMap<String, Target>) -> Self {
         Self { bridge_id, targets }
     }
 
