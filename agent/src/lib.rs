@@ -17,17 +17,20 @@
 //!   owns its tasks; it wires [`routes`] (`direct_hold`, the `shared_outbox`
 //!   writer, redrive) and one [`drainer`] per `shared_outbox` route to the
 //!   stores and transports below.
+//! - [`control`]: a managed agent's side of the control plane: the
+//!   `Connect` stream, the running bridges by id, the configuration cache.
 //! - [`datadir`]: one agent per data directory (an exclusive lock file
 //!   beside the SQLite stores, taken before any store is opened).
 //! - [`transports`]: sessions, receivers and senders for the brokers and
 //!   queues Ferry moves messages between (MQTT today), behind transport-neutral
 //!   traits the routes and drainers use.
 //!
-//! Each floor uses only those below it: `runtime` → `admin`, `drainer`,
+//! Each floor uses only those below it: `control` → `runtime` → `admin`, `drainer`,
 //! `routes` → `health`, `stores`, `transports`, `metrics`.
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod control;
 pub mod datadir;
 pub mod drainer;
 pub mod health;

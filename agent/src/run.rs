@@ -1,6 +1,9 @@
 //! `ferry-agent run`: load and validate the configuration (exit 2 on a problem, before any
 //! connection), start the bridge and the admin listener, wait for SIGTERM / SIGINT, shut down
-//! gracefully, exit 0.
+//! gracefully, exit 0. With `--control-plane`, the bridges come from the control plane instead
+//! ([`managed`]).
+
+mod managed;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -19,10 +22,13 @@ use crate::cli::{EXIT_INVALID, RunArgs};
 /// `ferry-agent run`.
 pub fn main(args: &RunArgs) -> ExitCode {
     init_logging(args.log.as_deref());
-    let valid = match check_file(&args.config, &ProcessEnv) {
+    let Some(config) = &args.config else {
+        return block_on(managed::serve(args));
+    };
+    let valid = match check_file(config, &ProcessEnv) {
         Ok(valid) => valid,
         Err(CheckError::Load(e)) => {
-            eprintln!("{}: {e}", args.config.display());
+            eprintln!("{}: {e}", config.display());
             return ExitCode::from(EXIT_INVALID);
         }
         Err(CheckError::Invalid(errors)) => {
@@ -32,6 +38,11 @@ pub fn main(args: &RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_INVALID);
         }
     };
+    block_on(serve(args, valid))
+}
+
+/// Runs `serve` on a multi-threaded runtime; an error exits 1.
+fn block_on(serve: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -42,7 +53,7 @@ pub fn main(args: &RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(args, valid)) {
+    match runtime.block_on(serve) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "ferry-agent failed");

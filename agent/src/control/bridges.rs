@@ -1,0 +1,238 @@
+//! The bridges a managed agent runs: a map bridge id → running [`Bridge`],
+//! each independent of the others.
+//!
+//! Invariants:
+//! - a bridge runs at most one version at a time: the old one is shut down
+//!   (gracefully) before the new one starts ([`Bridges::apply_version`], the
+//!   one place where a version replaces another);
+//! - a version that fails to start is refused and the last good version is
+//!   started again, so a refused push never leaves a bridge stopped that ran
+//!   before (unless its own restart fails, which is logged);
+//! - only a running version is cached, and [`Bridges::running`] reports
+//!   exactly what runs (for the Hello after a reconnect);
+//! - the directories of a bridge's SQLite stores are locked for this agent
+//!   before any of its stores is opened, and stay locked until the process
+//!   ends (one agent per data directory, see [`crate::datadir`]).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use ferry_shared::config::{CheckError, ProcessEnv, ValidConfig, check_bytes};
+use tokio::sync::watch;
+
+use super::cache::{Cached, ConfigCache};
+use crate::datadir::{self, DataDirLocks};
+use crate::runtime::{Bridge, Deps};
+
+/// Why a version was refused; the bridge keeps its last good version.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The document did not load or is invalid in this agent's environment.
+    #[error("invalid configuration: {0}")]
+    Invalid(CheckError),
+    /// The document is for another bridge than the push says.
+    #[error("the document's bridge id is {found:?}, the push is for {expected:?}")]
+    WrongBridge {
+        /// The push's bridge id.
+        expected: String,
+        /// The document's.
+        found: String,
+    },
+    /// A data directory could not be locked.
+    #[error(transparent)]
+    Lock(#[from] datadir::LockError),
+    /// The bridge did not start (a store did not open, a session was refused).
+    #[error("starting the bridge: {0}")]
+    Start(#[from] crate::runtime::BuildError),
+}
+
+impl ApplyError {
+    /// Every problem as `path: message` (one line for a non-validation error).
+    pub fn details(&self) -> Vec<String> {
+        match self {
+            ApplyError::Invalid(e) => e.messages(),
+            other => vec![other.to_string()],
+        }
+    }
+}
+
+struct Running {
+    version: u64,
+    yaml: String,
+    valid: ValidConfig,
+    bridge: Bridge,
+}
+
+/// The running bridges.
+pub struct Bridges {
+    deps: Deps,
+    cache: ConfigCache,
+    running: BTreeMap<String, Running>,
+    locks: BTreeMap<PathBuf, DataDirLocks>,
+    versions: watch::Sender<BTreeMap<String, u64>>,
+}
+
+impl Bridges {
+    /// No bridge yet; `data_dir` (canonical) is already locked by `lock`.
+    pub fn new(deps: Deps, cache: ConfigCache, data_dir: PathBuf, lock: DataDirLocks) -> Self {
+        Self {
+            deps,
+            cache,
+            running: BTreeMap::new(),
+            locks: BTreeMap::from([(data_dir, lock)]),
+            versions: watch::Sender::new(BTreeMap::new()),
+        }
+    }
+
+    /// The version each running bridge runs, kept up to date.
+    pub fn versions(&self) -> watch::Receiver<BTreeMap<String, u64>> {
+        self.versions.subscribe()
+    }
+
+    /// The version `bridge` runs, if any.
+    pub fn version(&self, bridge: &str) -> Option<u64> {
+        self.running.get(bridge).map(|r| r.version)
+    }
+
+    /// Starts every cached configuration (at start, before the control
+    /// plane is reached). A cached version that no longer starts is logged
+    /// and skipped; the control plane pushes it again.
+    pub async fn start_cached(&mut self) {
+        let (cached, problems) = match self.cache.load() {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the configuration cache");
+                return;
+            }
+        };
+        for error in problems {
+            tracing::warn!(%error, "cached configuration skipped");
+        }
+        for (bridge, c) in cached {
+            match self.apply_version(&bridge, c.version, &c.yaml).await {
+                Ok(()) => {
+                    tracing::info!(%bridge, version = c.version, "bridge running from the cache");
+                }
+                Err(error) => {
+                    tracing::warn!(%bridge, version = c.version, error = %error, "cached configuration does not start");
+                }
+            }
+        }
+    }
+
+    /// Runs `version` of `bridge` (the document `yaml`, as pushed): checks
+    /// it, stops the version running now, starts the new one and caches it.
+    /// On an error the last good version runs again. A version already
+    /// running is left alone.
+    pub async fn apply_version(
+        &mut self,
+        bridge: &str,
+        version: u64,
+        yaml: &str,
+    ) -> Result<(), ApplyError> {
+        if self.version(bridge) == Some(version) {
+            return Ok(());
+        }
+        let valid = check_bytes(yaml.as_bytes(), &ProcessEnv).map_err(ApplyError::Invalid)?;
+        if valid.bridge_id() != bridge {
+            return Err(ApplyError::WrongBridge {
+                expected: bridge.to_owned(),
+                found: valid.bridge_id().to_owned(),
+            });
+        }
+        self.lock_dirs(&valid)?;
+        let previous = self.stop(bridge).await;
+        match Bridge::start(&valid, self.deps.clone()).await {
+            Ok(started) => {
+                let cached = Cached {
+                    version,
+                    yaml: yaml.to_owned(),
+                };
+                if let Err(error) = self.cache.store(bridge, &cached) {
+                    // It runs; only a start without the control plane would
+                    // miss it, and the next ACKed version is cached again.
+                    tracing::error!(%bridge, version, %error, "cannot cache the configuration");
+                }
+                self.insert(bridge, version, yaml.to_owned(), valid, started);
+                Ok(())
+            }
+            Err(error) => {
+                if let Some((old_version, old_yaml, old_valid)) = previous {
+                    match Bridge::start(&old_valid, self.deps.clone()).await {
+                        Ok(started) => {
+                            tracing::info!(%bridge, version = old_version, "last good version running again");
+                            self.insert(bridge, old_version, old_yaml, old_valid, started);
+                        }
+                        Err(again) => {
+                            tracing::error!(%bridge, version = old_version, error = %again, "the last good version does not start again; the bridge is stopped");
+                        }
+                    }
+                }
+                Err(ApplyError::Start(error))
+            }
+        }
+    }
+
+    /// Stops `bridge` and forgets it (a withdrawal).
+    pub async fn withdraw(&mut self, bridge: &str) {
+        if self.stop(bridge).await.is_some() {
+            tracing::info!(%bridge, "bridge withdrawn and stopped");
+        }
+        if let Err(error) = self.cache.remove(bridge) {
+            tracing::warn!(%bridge, %error, "cannot remove the cached configuration");
+        }
+    }
+
+    /// Stops every bridge (the agent is shutting down); the cache is kept.
+    pub async fn shutdown(mut self) {
+        let ids: Vec<String> = self.running.keys().cloned().collect();
+        for bridge in ids {
+            self.stop(&bridge).await;
+        }
+    }
+
+    fn insert(&mut self, bridge: &str, version: u64, yaml: String, valid: ValidConfig, b: Bridge) {
+        self.running.insert(
+            bridge.to_owned(),
+            Running {
+                version,
+                yaml,
+                valid,
+                bridge: b,
+            },
+        );
+        self.publish();
+    }
+
+    /// Shuts `bridge` down; returns what it ran.
+    async fn stop(&mut self, bridge: &str) -> Option<(u64, String, ValidConfig)> {
+        let running = self.running.remove(bridge)?;
+        self.publish();
+        tracing::info!(%bridge, version = running.version, grace = ?running.bridge.grace(), "stopping bridge");
+        running.bridge.shutdown().await;
+        Some((running.version, running.yaml, running.valid))
+    }
+
+    fn publish(&self) {
+        let versions = self
+            .running
+            .iter()
+            .map(|(id, r)| (id.clone(), r.version))
+            .collect();
+        self.versions.send_replace(versions);
+    }
+
+    /// Locks the directories of `valid`'s SQLite stores not locked yet.
+    fn lock_dirs(&mut self, valid: &ValidConfig) -> Result<(), datadir::LockError> {
+        let missing: Vec<PathBuf> = datadir::sqlite_dirs(valid)
+            .into_iter()
+            .filter(|dir| !self.locks.contains_key(dir))
+            .collect();
+        for dir in missing {
+            let lock = datadir::lock(std::slice::from_ref(&dir), &self.deps.agent_id)?;
+            tracing::debug!(dir = %dir.display(), "data directory locked");
+            self.locks.insert(dir, lock);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,91 @@
+//! A managed agent: the control plane's side of the agent (`ferry-agent run
+//! --control-plane URL`).
+//!
+//! - [`stream`]: one `AgentService.Connect` stream (Hello, pushes, answers,
+//!   heartbeats both ways);
+//! - [`applier`]: the task that owns the running bridges and applies each
+//!   push or withdrawal in order, answering ACK or NACK;
+//! - [`bridges`]: bridge id → running bridge, one version at a time, the
+//!   last good one kept when a new one is refused;
+//! - [`cache`]: every ACKed configuration on disk, so the agent runs without
+//!   the control plane.
+//!
+//! Invariants:
+//! - the cached bridges start before the first connection attempt, so an
+//!   agent whose control plane is down runs what it last ran;
+//! - the running bridges do not depend on the stream: a lost control plane
+//!   stops no message flow, and the agent reconnects with jittered
+//!   exponential backoff, capped at the heartbeat interval (so it is back
+//!   within about one interval of the control plane's return);
+//! - on shutdown the stream ends first, then every bridge shuts down
+//!   gracefully.
+
+pub mod applier;
+pub mod bridges;
+pub mod cache;
+pub mod stream;
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::routes::RetryBackoff;
+use bridges::Bridges;
+use stream::{Identity, Reached};
+
+/// Pushes and withdrawals queued for the applier.
+const WORK_BUFFER: usize = 16;
+/// The first reconnection delay's ceiling.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Runs the cached bridges, then keeps a stream open to `endpoint` until
+/// `shutdown` is cancelled; stops every bridge before returning.
+pub async fn run(
+    endpoint: String,
+    identity: Identity,
+    mut bridges: Bridges,
+    shutdown: CancellationToken,
+) {
+    bridges.start_cached().await;
+    let versions = bridges.versions();
+    let (work_tx, work_rx) = mpsc::channel(WORK_BUFFER);
+    let applier = tokio::spawn(applier::run(bridges, work_rx));
+    let mut heartbeat = stream::DEFAULT_HEARTBEAT;
+    let mut backoff = new_backoff(heartbeat);
+    while !shutdown.is_cancelled() {
+        let (reached, result) = stream::serve(
+            &endpoint,
+            &identity,
+            &versions,
+            work_tx.clone(),
+            &mut heartbeat,
+            &shutdown,
+        )
+        .await;
+        if reached == Reached::Yes {
+            backoff = new_backoff(heartbeat);
+        }
+        match result {
+            Ok(()) => break,
+            Err(error) => {
+                tracing::warn!(%endpoint, %error, "control plane stream down; reconnecting")
+            }
+        }
+        let delay = backoff.next_delay();
+        tracing::debug!(?delay, "next connection attempt");
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+    drop(work_tx);
+    if let Err(error) = applier.await {
+        tracing::error!(%error, "the applier task failed");
+    }
+}
+
+/// Full jitter, doubling from 100 ms up to the heartbeat interval.
+fn new_backoff(heartbeat: Duration) -> RetryBackoff {
+    RetryBackoff::new(FIRST_BACKOFF, heartbeat.max(FIRST_BACKOFF), 2.0)
+}
