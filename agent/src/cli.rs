@@ -54,8 +54,9 @@ pub struct RunArgs {
     pub labels: Vec<(String, String)>,
     /// A managed agent's own directory (created when missing): the cache of every ACKed
     /// configuration (`configs/`), from which it starts when the control plane cannot be
-    /// reached. Locked like a store directory: one agent per data directory.
-    #[arg(long, env = "FERRY_DATA_DIR")]
+    /// reached. Locked like a store directory: one agent per data directory. (No environment
+    /// variable: `FERRY_DATA_DIR` is what example configurations expand in their store paths.)
+    #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Address of the admin listener: `/metrics`, `/healthz`, `/readyz` and, with `--config`,
     /// the local gRPC `DlqService`, e.g. `127.0.0.1:9090`. No admin listener when unset.
@@ -124,6 +125,7 @@ mod tests {
         assert!(run_args(&["run", "-c", "b.yaml", "--control-plane", "http://cp:1"]).is_err());
         assert!(run_args(&["run", "--control-plane", "http://cp:1"]).is_err());
         assert!(run_args(&["run", "-c", "b.yaml"]).is_ok());
+        assert!(run_args(&["run", "-c", "b.yaml", "--data-dir", "d"]).is_err());
     }
 
     #[test]

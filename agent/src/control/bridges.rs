@@ -236,3 +236,73 @@ impl Bridges {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::health::Readiness;
+    use crate::metrics::Metrics;
+
+    fn document(bridge: &str, dlq: &std::path::Path) -> String {
+        format!(
+            "bridge:\n  id: {bridge}\nsessions:\n  - id: conn\n    transport: mqtt\n    options:\n      session:\n        broker_url: tcp://127.0.0.1:9\n        client_id: {bridge}-client\nstores:\n  dlq:\n    type: sqlite\n    options:\n      path: {}\nreceivers:\n  - id: in\n    session_id: conn\n    topics:\n      - topic: \"in/#\"\n        qos: 1\nsenders:\n  - id: out\n    session_id: conn\nbindings:\n  - id: to-out\n    sender_id: out\n    address: out/topic\nroutes:\n  - id: main\n    receiver_id: in\n    delivery_mode: direct_hold\n    dispatch_mode: single\n    bindings: [to-out]\n",
+            dlq.display()
+        )
+    }
+
+    fn managed(dir: &std::path::Path) -> anyhow::Result<Bridges> {
+        let data = dir.join("agent");
+        std::fs::create_dir_all(&data)?;
+        let data = data.canonicalize()?;
+        let lock = datadir::lock(std::slice::from_ref(&data), "test")?;
+        let deps = Deps {
+            agent_id: "test".to_owned(),
+            metrics: Arc::new(Metrics::new()),
+            readiness: Readiness::default(),
+        };
+        Ok(Bridges::new(deps, ConfigCache::open(&data)?, data, lock))
+    }
+
+    #[tokio::test]
+    async fn a_refused_version_leaves_the_last_good_one_running_and_cached() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut bridges = managed(dir.path())?;
+        let versions = bridges.versions();
+        let good = document("a", &dir.path().join("dlq.db"));
+        bridges.apply_version("a", 1, &good).await?;
+        assert_eq!(bridges.version("a"), Some(1));
+
+        // Invalid, for another bridge, and failing to start (no such directory).
+        let invalid = good.replace("bindings: [to-out]", "bindings: [nowhere]");
+        let refused = bridges.apply_version("a", 2, &invalid).await;
+        assert!(
+            matches!(refused, Err(ApplyError::Invalid(_))),
+            "{refused:?}"
+        );
+        let other = bridges
+            .apply_version("a", 3, &document("b", &dir.path().join("b.db")))
+            .await;
+        assert!(
+            matches!(other, Err(ApplyError::WrongBridge { .. })),
+            "{other:?}"
+        );
+        let broken = document("a", &dir.path().join("missing/dlq.db"));
+        let failed = bridges.apply_version("a", 4, &broken).await;
+        assert!(matches!(failed, Err(ApplyError::Start(_))), "{failed:?}");
+        assert_eq!(bridges.version("a"), Some(1));
+        assert_eq!(versions.borrow().get("a"), Some(&1));
+
+        // The cache holds the running version; a second agent starts from it.
+        bridges.shutdown().await;
+        let mut again = managed(dir.path())?;
+        again.start_cached().await;
+        assert_eq!(again.version("a"), Some(1));
+        again.withdraw("a").await;
+        assert_eq!(again.version("a"), None);
+        assert!(again.cache.load()?.0.is_empty());
+        again.shutdown().await;
+        Ok(())
+    }
+}

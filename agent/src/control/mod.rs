@@ -54,15 +54,19 @@ pub async fn run(
     let mut heartbeat = stream::DEFAULT_HEARTBEAT;
     let mut backoff = new_backoff(heartbeat);
     while !shutdown.is_cancelled() {
-        let (reached, result) = stream::serve(
+        let serve = stream::serve(
             &endpoint,
             &identity,
             &versions,
             work_tx.clone(),
             &mut heartbeat,
             &shutdown,
-        )
-        .await;
+        );
+        // A connection attempt in progress does not delay a shutdown.
+        let (reached, result) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            served = serve => served,
+        };
         if reached == Reached::Yes {
             backoff = new_backoff(heartbeat);
         }

@@ -32,7 +32,7 @@ use super::applier::{Work, WorkKind};
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 /// Messages buffered towards the control plane.
 const OUTBOUND_BUFFER: usize = 64;
-/// How long a connection attempt may take.
+/// How long a connection attempt, or the answer to the Hello, may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the agent says about itself.
@@ -102,9 +102,11 @@ pub async fn serve(
         return (Reached::No, Err(StreamError::Closed));
     }
     let mut client = AgentServiceClient::new(channel);
-    let mut inbound = match client.connect(ReceiverStream::new(out_rx)).await {
-        Ok(response) => response.into_inner(),
-        Err(status) => return (Reached::No, Err(status.into())),
+    let opened = tokio::time::timeout(CONNECT_TIMEOUT, client.connect(ReceiverStream::new(out_rx)));
+    let mut inbound = match opened.await {
+        Ok(Ok(response)) => response.into_inner(),
+        Ok(Err(status)) => return (Reached::No, Err(status.into())),
+        Err(_) => return (Reached::No, Err(StreamError::Silent(CONNECT_TIMEOUT))),
     };
     tracing::info!(endpoint, agent = %identity.agent_id, "connected to the control plane");
     let mut stream = Stream {
