@@ -177,7 +177,8 @@ async fn managed_agent_runs_applied_configs_and_nacks_what_it_cannot_run() -> an
     let dir = tempfile::tempdir()?;
     let id = ids::unique("managed");
     let agent = ManagedAgent::start(&cp.endpoint(), &dir.path().join("agent"), &id)?;
-    ferry_tests::wait::until_ok(TIMEOUT, "the agent's hello", || agent_info(&cp, &id)).await?;
+    let hello =
+        ferry_tests::wait::until_ok(TIMEOUT, "the agent's hello", || agent_info(&cp, &id)).await?;
     let out = Collector::start(&broker.url(), "collector", "out/#", QoS::AtLeastOnce).await?;
 
     let dlq = dir.path().join("dlq.db").display().to_string();
@@ -257,6 +258,20 @@ async fn managed_agent_runs_applied_configs_and_nacks_what_it_cannot_run() -> an
     assert!(counts.missing("out/edge", 0..3 * N).is_empty());
     assert!(counts.duplicates().is_empty());
     conserved(&agent, 3 * N).await?;
+
+    // Heartbeats keep the one stream open past three intervals of silence.
+    let until = Instant::now() + HEARTBEAT * 4;
+    while Instant::now() < until {
+        let info = agent_info(&cp, &id).await?;
+        assert!(info.connected, "{info:?}");
+        assert_eq!(
+            info.connected_at, hello.connected_at,
+            "reconnected: {info:?}"
+        );
+        tokio::time::sleep(HEARTBEAT / 5).await;
+    }
+    let log = agent.process.stderr();
+    assert!(!log.contains("stream down"), "{log}");
     Ok(())
 }
 
@@ -304,12 +319,8 @@ async fn managed_agent_outlives_its_control_plane_and_starts_from_its_cache() ->
     flows(&broker, &out, 2 * N..3 * N, 3 * N).await?;
     let counts = out.counts();
     assert!(counts.missing("out/edge", 0..3 * N).is_empty());
-    assert!(
-        agent
-            .process
-            .stderr()
-            .contains("bridge running from the cache")
-    );
+    let log = agent.process.stderr();
+    assert!(log.contains("bridge running from the cache"), "{log}");
     conserved(&agent, N).await?;
 
     // The control plane back: the agent's Hello says what it runs, so the

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use super::cache::{Cached, ConfigCache};
 use crate::datadir::{self, DataDirLocks};
+use crate::health::ReadinessCondition;
 use crate::runtime::{Bridge, Deps};
 
 /// Why a version was refused; the bridge keeps its last good version.
@@ -70,12 +71,17 @@ pub struct Bridges {
     running: BTreeMap<String, Running>,
     locks: BTreeMap<PathBuf, DataDirLocks>,
     versions: watch::Sender<BTreeMap<String, u64>>,
+    /// Not ready until the cached bridges are started (or failed to).
+    loading: Option<ReadinessCondition>,
 }
 
 impl Bridges {
     /// No bridge yet; `data_dir` (canonical) is already locked by `lock`.
+    /// The agent is not ready until [`Bridges::start_cached`] has run.
     pub fn new(deps: Deps, cache: ConfigCache, data_dir: PathBuf, lock: DataDirLocks) -> Self {
+        let loading = deps.readiness.condition("cached configurations started");
         Self {
+            loading: Some(loading),
             deps,
             cache,
             running: BTreeMap::new(),
@@ -95,13 +101,15 @@ impl Bridges {
     }
 
     /// Starts every cached configuration (at start, before the control
-    /// plane is reached). A cached version that no longer starts is logged
-    /// and skipped; the control plane pushes it again.
+    /// plane is reached), then lets the agent be ready. A cached version
+    /// that no longer starts is logged and skipped; the control plane pushes
+    /// it again.
     pub async fn start_cached(&mut self) {
         let (cached, problems) = match self.cache.load() {
             Ok(loaded) => loaded,
             Err(error) => {
                 tracing::warn!(%error, "cannot read the configuration cache");
+                self.loading = None;
                 return;
             }
         };
@@ -118,6 +126,7 @@ impl Bridges {
                 }
             }
         }
+        self.loading = None;
     }
 
     /// Runs `version` of `bridge` (the document `yaml`, as pushed): checks
@@ -297,8 +306,13 @@ mod tests {
         // The cache holds the running version; a second agent starts from it.
         bridges.shutdown().await;
         let mut again = managed(dir.path())?;
+        let unmet = again.deps.readiness.unmet();
+        assert_eq!(unmet, vec!["cached configurations started".to_owned()]);
         again.start_cached().await;
         assert_eq!(again.version("a"), Some(1));
+        // Only the session's own condition is left (its broker is not there).
+        let unmet = again.deps.readiness.unmet();
+        assert_eq!(unmet, vec!["session conn connected".to_owned()]);
         again.withdraw("a").await;
         assert_eq!(again.version("a"), None);
         assert!(again.cache.load()?.0.is_empty());

@@ -7,7 +7,8 @@
 //! `/readyz` has no control-plane condition: readiness says whether this
 //! agent moves messages (its sessions are connected, its leases resolved),
 //! and an agent running from its cache while the control plane is away
-//! does. The stream's state is in the log and in `ferryctl get agents`.
+//! does. It is unready only until the cached bridges have been started.
+//! The stream's state is in the log and in `ferryctl get agents`.
 //! The local gRPC `DlqService` is not served: its stores belong to one
 //! bridge, and a managed agent runs several that come and go.
 
@@ -59,6 +60,8 @@ pub(super) async fn serve(args: &RunArgs) -> anyhow::Result<()> {
         metrics: Arc::clone(&metrics),
         readiness: readiness.clone(),
     };
+    // Before the admin listener serves: not ready until the cache is run.
+    let bridges = Bridges::new(deps, cache, data_dir.clone(), lock);
     let admin_stop = CancellationToken::new();
     let admin_task = match listener {
         Some(listener) => {
@@ -77,7 +80,6 @@ pub(super) async fn serve(args: &RunArgs) -> anyhow::Result<()> {
         labels: args.labels.iter().cloned().collect(),
     };
     tracing::info!(agent = %agent_id, control_plane = %endpoint, data_dir = %data_dir.display(), "managed agent starting");
-    let bridges = Bridges::new(deps, cache, data_dir, lock);
     let stop = CancellationToken::new();
     let agent = tokio::spawn(control::run(endpoint, identity, bridges, stop.clone()));
     let signal = wait_for_signal().await;
