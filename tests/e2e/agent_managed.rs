@@ -1,6 +1,7 @@
 //! Managed agents (`ferry-agent run --control-plane URL`) as processes with a
 //! control plane, `ferryctl` and a real Mosquitto: an applied configuration
 //! bridges within 2 s and shows in `ferryctl get agents` / `describe agent`;
+//! a second bridge runs beside it and a deleted one is withdrawn;
 //! a version the agent cannot run is NACKed and the last good one keeps
 //! running (untouched, or started again when the new one failed to start); the control plane SIGKILLed mid-run stops no message and the
 //! agent reports again within two heartbeat intervals of its return; an
@@ -130,12 +131,16 @@ async fn running(
     cp: &ControlPlane,
     agent: &ManagedAgent,
     id: &str,
+    bridge: &str,
     version: u64,
 ) -> anyhow::Result<()> {
-    ferry_tests::wait::until_ok(TIMEOUT, format!("version {version} running"), || async {
+    let what = format!("{bridge} version {version} running");
+    ferry_tests::wait::until_ok(TIMEOUT, what, || async {
         let info = agent_info(cp, id).await?;
         anyhow::ensure!(
-            info.configs.iter().any(|c| c.acked_version == version),
+            info.configs
+                .iter()
+                .any(|c| c.bridge_id == bridge && c.acked_version == version),
             "{info:?}"
         );
         anyhow::ensure!(agent.is_ready(), "not ready");
@@ -158,9 +163,9 @@ async fn flows(
 
 /// Every message counted on the route's binding is settled: the law holds
 /// exactly and nothing is in flight, dropped or dead-lettered.
-async fn conserved(agent: &ManagedAgent, delivered: u64) -> anyhow::Result<()> {
+async fn conserved(agent: &ManagedAgent, route: &str, delivered: u64) -> anyhow::Result<()> {
     ferry_tests::wait::until_ok(TIMEOUT, "the conservation law", || async {
-        let counts = agent.metrics()?.binding("main", "to-out");
+        let counts = agent.metrics()?.binding(route, "to-out");
         anyhow::ensure!(counts.is_conserved(), "{counts:?}");
         anyhow::ensure!(counts.in_flight == 0, "{counts:?}");
         anyhow::ensure!(counts.sent == delivered, "{counts:?} != {delivered} sent");
@@ -185,7 +190,7 @@ async fn managed_agent_runs_applied_configs_and_nacks_what_it_cannot_run() -> an
     let v1 = document("edge", &broker.url(), &dlq);
     let applied = Instant::now();
     apply(&cp, dir.path(), "v1.yaml", &v1).await?;
-    running(&cp, &agent, &id, 1).await?;
+    running(&cp, &agent, &id, "edge", 1).await?;
     let bridged = applied.elapsed();
     eprintln!("apply → bridge running: {bridged:?}");
     assert!(bridged <= Duration::from_secs(2), "{bridged:?}");
@@ -248,7 +253,7 @@ async fn managed_agent_runs_applied_configs_and_nacks_what_it_cannot_run() -> an
     .await?;
     assert_eq!(nack.acked_version, 1, "{nack:?}");
     assert!(nack.nack_error.contains("starting the bridge"), "{nack:?}");
-    running(&cp, &agent, &id, 1).await?;
+    running(&cp, &agent, &id, "edge", 1).await?;
     let log = agent.process.stderr();
     assert!(log.contains("last good version running again"), "{log}");
     flows(&broker, &out, 2 * N..3 * N, 3 * N).await?;
@@ -257,7 +262,33 @@ async fn managed_agent_runs_applied_configs_and_nacks_what_it_cannot_run() -> an
     let counts = out.counts();
     assert!(counts.missing("out/edge", 0..3 * N).is_empty());
     assert!(counts.duplicates().is_empty());
-    conserved(&agent, 3 * N).await?;
+    conserved(&agent, "main", 3 * N).await?;
+
+    // A second bridge runs beside the first, independently; the first,
+    // deleted, is withdrawn: stopped, and no longer cached.
+    let side = document(
+        "side",
+        &broker.url(),
+        &dir.path().join("side.db").display().to_string(),
+    )
+    .replace("  - id: main\n", "  - id: side\n");
+    apply(&cp, dir.path(), "side.yaml", &side).await?;
+    running(&cp, &agent, &id, "side", 1).await?;
+    flows(&broker, &out, 3 * N..4 * N, 5 * N).await?;
+    ferryctl(&cp, &["delete", "edge"]).await?;
+    let cache = dir.path().join("agent/configs");
+    ferry_tests::wait::until(TIMEOUT, "edge withdrawn", || {
+        std::future::ready(!cache.join("edge.yaml").exists())
+    })
+    .await?;
+    assert!(cache.join("side.yaml").exists());
+    flows(&broker, &out, 4 * N..5 * N, 6 * N).await?;
+    let counts = out.counts();
+    assert_eq!(counts.distinct("out/edge") as u64, 4 * N);
+    assert!(counts.missing("out/side", 3 * N..5 * N).is_empty());
+    assert!(counts.duplicates().is_empty());
+    conserved(&agent, "main", 4 * N).await?;
+    conserved(&agent, "side", 2 * N).await?;
 
     // Heartbeats keep the one stream open past three intervals of silence.
     let until = Instant::now() + HEARTBEAT * 4;
@@ -294,7 +325,7 @@ async fn managed_agent_outlives_its_control_plane_and_starts_from_its_cache() ->
         &document("edge", &broker.url(), &dlq),
     )
     .await?;
-    running(&cp, &agent, &id, 1).await?;
+    running(&cp, &agent, &id, "edge", 1).await?;
     flows(&broker, &out, 0..N, N).await?;
 
     // The control plane dies mid-run: data keeps flowing.
@@ -321,7 +352,7 @@ async fn managed_agent_outlives_its_control_plane_and_starts_from_its_cache() ->
     assert!(counts.missing("out/edge", 0..3 * N).is_empty());
     let log = agent.process.stderr();
     assert!(log.contains("bridge running from the cache"), "{log}");
-    conserved(&agent, N).await?;
+    conserved(&agent, "main", N).await?;
 
     // The control plane back: the agent's Hello says what it runs, so the
     // running bridge is neither pushed again nor restarted.
@@ -330,7 +361,7 @@ async fn managed_agent_outlives_its_control_plane_and_starts_from_its_cache() ->
     let log = agent.process.stderr();
     assert!(!log.contains("stopping bridge"), "{log}");
     assert!(!log.contains("configuration pushed"), "{log}");
-    conserved(&agent, 2 * N).await?;
+    conserved(&agent, "main", 2 * N).await?;
     Ok(())
 }
 
