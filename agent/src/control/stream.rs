@@ -65,7 +65,7 @@ pub enum StreamError {
 }
 
 /// The state of one open stream.
-pub struct Stream {
+struct Stream {
     out: mpsc::Sender<pb::AgentMessage>,
     work: mpsc::Sender<Work>,
     interval: Duration,
