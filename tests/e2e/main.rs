@@ -15,5 +15,6 @@ mod agent_ingress;
 mod agent_support;
 mod agent_visibility;
 mod control_plane;
+mod cp_stores_conformance;
 mod ferryctl;
 mod harness_selftest;
