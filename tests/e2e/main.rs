@@ -15,6 +15,7 @@ mod agent_ingress;
 mod agent_support;
 mod agent_visibility;
 mod control_plane;
+mod cp_stores;
 mod cp_stores_conformance;
 mod ferryctl;
 mod harness_selftest;
