@@ -40,7 +40,7 @@ fn spawn_control_plane(grpc: SocketAddr, dir: &Path) -> anyhow::Result<ChildProc
 }
 
 async fn start_control_plane(grpc: SocketAddr, dir: &Path) -> anyhow::Result<ChildProcess> {
-    let mut process = spawn_control_plane(grpc, dir)?;
+    let process = spawn_control_plane(grpc, dir)?;
     let up = wait::until(
         DELIVERY,
         format!("the control plane on {grpc}"),

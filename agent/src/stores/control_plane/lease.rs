@@ -2,7 +2,14 @@
 //! applies the shared lease rules ([`ferry_shared::lease`]) on its clock; the
 //! expiry of a lease this store grants or renews is the caller's `now + ttl`
 //! (see the module contract in [`super`]).
+//!
+//! An acquire or renew waits at most a third of its TTL (the default renew
+//! interval) for the answer, and never more than [`REQUEST_TIMEOUT`]: a
+//! control plane that stops answering makes the renewal fail `Timeout` while
+//! the lease still has time left, so the drainer learns in time that it
+//! could not renew.
 
+use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use ferry_shared::api::v1 as pb;
@@ -11,7 +18,7 @@ use pb::acquire_lease_response::Outcome;
 use pb::lease_service_client::LeaseServiceClient;
 use tonic::transport::Channel;
 
-use super::{Service, channel, store_error, time};
+use super::{REQUEST_TIMEOUT, Service, channel, store_error, time};
 use crate::stores::{
     Acquired, BoxFuture, Grant, Lease, LeaseState, LeaseStore, StoreError, StoreResult,
 };
@@ -69,6 +76,20 @@ fn deadline(now: SystemTime, ttl: Duration) -> Option<SystemTime> {
     now.checked_add(ttl)
 }
 
+/// `call`, given at most a third of `ttl` (and [`REQUEST_TIMEOUT`]).
+async fn within_ttl<T>(
+    ttl: Duration,
+    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> StoreResult<T> {
+    let limit = (ttl / 3).min(REQUEST_TIMEOUT);
+    match tokio::time::timeout(limit, call).await {
+        Ok(answer) => Ok(answer.map_err(err)?.into_inner()),
+        Err(_) => Err(StoreError::Timeout(format!(
+            "control plane: no answer within {limit:?} (a third of the lease ttl)"
+        ))),
+    }
+}
+
 impl LeaseStore for ControlPlaneLeaseStore {
     fn acquire<'a>(
         &'a self,
@@ -83,13 +104,8 @@ impl LeaseStore for ControlPlaneLeaseStore {
                 holder: holder.to_owned(),
                 ttl: Some(ttl(ttl_)?),
             };
-            let response = self
-                .client
-                .clone()
-                .acquire_lease(request)
-                .await
-                .map_err(err)?
-                .into_inner();
+            let mut client = self.client.clone();
+            let response = within_ttl(ttl_, client.acquire_lease(request)).await?;
             match response.outcome {
                 Some(Outcome::Granted(l)) => {
                     Ok(Acquired::Granted(held(Some(l), deadline(now, ttl_))?))
@@ -117,13 +133,8 @@ impl LeaseStore for ControlPlaneLeaseStore {
                 version,
                 ttl: Some(ttl(ttl_)?),
             };
-            let response = self
-                .client
-                .clone()
-                .renew_lease(request)
-                .await
-                .map_err(err)?
-                .into_inner();
+            let mut client = self.client.clone();
+            let response = within_ttl(ttl_, client.renew_lease(request)).await?;
             held(response.lease, deadline(now, ttl_))
         })
     }
@@ -188,5 +199,69 @@ impl LeaseStore for ControlPlaneLeaseStore {
                 page_token = page.next_page_token;
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    /// A control plane that accepts connections and never answers: acquire and renew fail
+    /// `Timeout` within a third of the TTL, not after the lease would have expired.
+    #[tokio::test]
+    async fn a_silent_control_plane_times_out_within_a_third_of_the_ttl() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let accepted = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        let store = ControlPlaneLeaseStore::open(&ControlPlaneOptions {
+            endpoint: Some(format!("http://{addr}")),
+        })
+        .expect("open");
+        let ttl = Duration::from_millis(900);
+        let started = Instant::now();
+        let acquired = store.acquire("k", "A", ttl, SystemTime::now()).await;
+        assert!(
+            matches!(acquired, Err(StoreError::Timeout(_))),
+            "{acquired:?}"
+        );
+        let renewed = store.renew("k", "A", 1, ttl, SystemTime::now()).await;
+        assert!(
+            matches!(renewed, Err(StoreError::Timeout(_))),
+            "{renewed:?}"
+        );
+        assert!(started.elapsed() < ttl, "{:?}", started.elapsed());
+        accepted.abort();
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_control_plane_is_unavailable() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        drop(listener);
+        let store = ControlPlaneLeaseStore::open(&ControlPlaneOptions {
+            endpoint: Some(format!("http://{addr}")),
+        })
+        .expect("open");
+        let acquired = store
+            .acquire("k", "A", Duration::from_secs(15), SystemTime::now())
+            .await;
+        assert!(
+            matches!(acquired, Err(StoreError::Unavailable(_))),
+            "{acquired:?}"
+        );
+        let listed = store.list().await;
+        assert!(
+            matches!(listed, Err(StoreError::Unavailable(_))),
+            "{listed:?}"
+        );
     }
 }
