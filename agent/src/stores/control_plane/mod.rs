@@ -14,7 +14,8 @@
 //!   caller's clock from just before the request was sent (`now + ttl`),
 //!   never later in real time than the control plane's own expiry whatever
 //!   the skew between the two clocks, so a drainer that stops at that
-//!   expiry stops before another holder can be granted the lease.
+//!   expiry stops before another holder can be granted the lease (ADR 0004,
+//!   addendum).
 //! - A dead letter is settled only after `WriteDlqEntry` returned OK, which
 //!   the control plane answers once the entry is durable; while it is
 //!   unreachable the write fails `Unavailable` and the caller keeps the
@@ -155,6 +156,7 @@ mod tests {
         };
         // Nothing listens there: opening still succeeds (lazy).
         assert!(channel("lease", &with("http://127.0.0.1:9")).is_ok());
+        assert!(channel("dlq", &with("https://cp.example:50051")).is_ok());
         let unset = channel("dlq", &ControlPlaneOptions::default()).expect_err("unset");
         assert!(
             unset.to_string().contains("stores.dlq.options.endpoint"),
