@@ -62,12 +62,12 @@ pub(crate) trait OutboxHarness: Harness {
 }
 
 /// A fixed point in time plus `secs`, so tests never read the clock.
-pub fn t(secs: u64) -> SystemTime {
+pub(crate) fn t(secs: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
 }
 
 /// A random id, so suites can share a database.
-pub fn unique(prefix: &str) -> String {
+pub(crate) fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::now_v7())
 }
 

@@ -1,5 +1,5 @@
-//! The `control_plane` lease and DLQ stores: the agent's [`LeaseStore`] and
-//! [`DlqStore`] over the control plane's `LeaseService` and `DlqService`
+//! The `control_plane` lease and DLQ stores: the agent's
+//! [`LeaseStore`](super::LeaseStore) and [`DlqStore`](super::DlqStore) over the control plane's `LeaseService` and `DlqService`
 //! (gRPC, `ferry.v1`).
 //!
 //! # Contract
@@ -23,7 +23,7 @@
 //!
 //! # Status codes
 //!
-//! gRPC statuses become [`StoreError`]s in one place, [`store_error`]:
+//! gRPC statuses become [`StoreError`]s in one place, `store_error`:
 //!
 //! | status | [`StoreError`] |
 //! |---|---|
