@@ -166,6 +166,21 @@ impl DlqFilter {
     }
 }
 
+impl From<&DlqFilter> for pb::DlqFilter {
+    /// The `ferry.v1` form: `None` becomes an empty field (or UNSPECIFIED),
+    /// so that [`DlqFilter::from_proto`] gives the same filter back.
+    fn from(f: &DlqFilter) -> Self {
+        pb::DlqFilter {
+            bridge_id: f.bridge_id.clone().unwrap_or_default(),
+            route_id: f.route_id.clone().unwrap_or_default(),
+            binding_id: f.binding_id.clone().unwrap_or_default(),
+            reason: f.reason.map_or(0, DlqReason::code),
+            since: f.since.map(Into::into),
+            until: f.until.map(Into::into),
+        }
+    }
+}
+
 /// Entries of one bridge, route, binding and reason.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DlqStat {
@@ -314,6 +329,25 @@ mod tests {
         }
         assert_eq!(DlqReason::from_code(0), None);
         assert_eq!(DlqReason::from_code(99), None);
+    }
+
+    #[test]
+    fn filter_round_trips_through_proto() {
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        for f in [
+            DlqFilter::default(),
+            DlqFilter {
+                bridge_id: Some("b".into()),
+                route_id: Some("r".into()),
+                binding_id: Some("x".into()),
+                reason: Some(DlqReason::Oversized),
+                since: Some(t),
+                until: Some(t + std::time::Duration::from_nanos(5)),
+            },
+        ] {
+            let proto = pb::DlqFilter::from(&f);
+            assert_eq!(DlqFilter::from_proto(Some(proto)), Ok(f));
+        }
     }
 
     #[test]

@@ -16,5 +16,7 @@ mod agent_managed;
 mod agent_support;
 mod agent_visibility;
 mod control_plane;
+mod cp_stores;
+mod cp_stores_conformance;
 mod ferryctl;
 mod harness_selftest;

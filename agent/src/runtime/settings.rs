@@ -12,6 +12,7 @@ use ferry_shared::config::{
 };
 
 use super::BuildError;
+use crate::stores::control_plane::{ControlPlaneDlqStore, ControlPlaneLeaseStore};
 use crate::stores::memory::{MemoryDlqStore, MemoryLeaseStore, MemoryOutboxStore};
 use crate::stores::sqlite::{
     SqliteDlqStore, SqliteLeaseStore, SqliteOptions, SqliteOutboxStore, Synchronous,
@@ -154,6 +155,9 @@ pub(super) async fn lease(c: &LeaseStoreConfig) -> Result<Arc<dyn LeaseStore>, B
             .await
             .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
             .map_err(|e| open_failed("lease", &o.path, e)),
+        LeaseStoreConfig::ControlPlane(o) => ControlPlaneLeaseStore::open(o)
+            .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
+            .map_err(|e| BuildError::Store(e.to_string())),
         other => Err(unsupported("lease", other.type_name())),
     }
 }
@@ -166,6 +170,9 @@ pub(super) async fn dlq(c: &DlqStoreConfig) -> Result<Arc<dyn DlqStore>, BuildEr
             .await
             .map(|s| Arc::new(s) as Arc<dyn DlqStore>)
             .map_err(|e| open_failed("dlq", &o.path, e)),
+        DlqStoreConfig::ControlPlane(o) => ControlPlaneDlqStore::open(o)
+            .map(|s| Arc::new(s) as Arc<dyn DlqStore>)
+            .map_err(|e| BuildError::Store(e.to_string())),
         other => Err(unsupported("dlq", other.type_name())),
     }
 }

@@ -1,10 +1,12 @@
 //! The agent's stores: the outbox, the lease store and the dead-letter queue.
 //!
 //! Each is a trait with interchangeable backends (`memory` for development,
-//! `sqlite` for a single durable node; `dynamodb` and `postgres` later). The
+//! `sqlite` for a single durable node, `control_plane` for leases and dead
+//! letters kept by the control plane; `dynamodb` and `postgres` later). The
 //! traits are dyn-compatible (`Arc<dyn OutboxStore>`), their futures are
 //! `Send`, and every backend passes the same conformance suite
-//! (`conformance`, test-only).
+//! (`conformance`; the lease and DLQ suites are exported with the
+//! `conformance` feature for backends tested from another crate).
 //!
 //! # Outbox invariants
 //!
@@ -62,6 +64,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
+pub mod control_plane;
 mod dlq;
 mod lease;
 pub mod memory;
@@ -69,8 +72,8 @@ pub mod observed;
 mod outbox;
 pub mod sqlite;
 
-#[cfg(test)]
-mod conformance;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 
 pub use dlq::{DlqEntry, DlqFilter, DlqPage, DlqReason, DlqStat, DlqStats, PageRequest};
 pub use lease::{Acquired, Grant, Lease, LeaseState};

@@ -1,8 +1,7 @@
 //! LeaseService: leases with fencing versions, over the state store (which
 //! decides and writes each grant in one transaction, so versions never
-//! repeat, also between replicas).
-
-use std::time::SystemTime;
+//! repeat, also between replicas). The control plane decides time: every
+//! call reads [`Options::clock`](super::Options::clock), never the caller's.
 
 use ferry_shared::api::v1 as pb;
 use pb::lease_service_server::LeaseService;
@@ -57,7 +56,12 @@ impl LeaseService for LeaseServiceImpl {
         let outcome = self
             .ctx
             .store
-            .acquire_lease(&request.key, &request.holder, ttl, SystemTime::now())
+            .acquire_lease(
+                &request.key,
+                &request.holder,
+                ttl,
+                self.ctx.options.clock.now(),
+            )
             .await
             .map_err(state_status)?;
         let outcome = match outcome {
@@ -90,7 +94,7 @@ impl LeaseService for LeaseServiceImpl {
                 &request.holder,
                 request.version,
                 ttl,
-                SystemTime::now(),
+                self.ctx.options.clock.now(),
             )
             .await
             .map_err(state_status)?;

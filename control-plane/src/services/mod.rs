@@ -11,7 +11,7 @@
 //!   request checks.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -43,6 +43,8 @@ pub struct Options {
     pub hello_timeout: Duration,
     /// How long a redrive waits for the agent's CommandResult.
     pub command_timeout: Duration,
+    /// What LeaseService takes as now: the system clock, or a test's.
+    pub clock: Clock,
 }
 
 impl Default for Options {
@@ -52,7 +54,46 @@ impl Default for Options {
             resync_interval: Duration::from_secs(15),
             hello_timeout: Duration::from_secs(10),
             command_timeout: Duration::from_secs(30),
+            clock: Clock::default(),
         }
+    }
+}
+
+/// Where the lease rules read the time: the system clock by default; tests
+/// (the agent's lease conformance suite, which passes fixed times) set their
+/// own with [`Clock::from_fn`].
+#[derive(Clone)]
+pub struct Clock(Option<Arc<dyn Fn() -> SystemTime + Send + Sync>>);
+
+impl Clock {
+    /// A clock that answers `now()`.
+    pub fn from_fn(now: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        Self(Some(Arc::new(now)))
+    }
+
+    /// The current time.
+    pub fn now(&self) -> SystemTime {
+        match &self.0 {
+            Some(now) => now(),
+            None => SystemTime::now(),
+        }
+    }
+}
+
+impl Default for Clock {
+    /// The system clock.
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Clock(custom)"
+        } else {
+            "Clock(system)"
+        })
     }
 }
 

@@ -56,6 +56,7 @@ pub fn test_options() -> Options {
         resync_interval: Duration::from_secs(5),
         hello_timeout: Duration::from_secs(2),
         command_timeout: Duration::from_secs(2),
+        ..Options::default()
     }
 }
 

@@ -5,11 +5,15 @@ use std::time::SystemTime;
 use super::{Harness, envelope, t, unique};
 use crate::stores::{DlqEntry, DlqFilter, DlqReason, DlqStore, PageRequest, StoreError};
 
-/// Instantiates every test of this suite for a backend.
+/// Instantiates every test of this suite for a backend:
+/// `dlq_conformance!(backend, make)` makes a module `backend` of
+/// `#[tokio::test]`s, each calling `make().await` (an `async fn() -> (S,
+/// Guard)` beside the macro call) for a fresh store.
+#[macro_export]
 macro_rules! dlq_conformance {
     ($backend:ident, $make:ident) => {
-        $crate::stores::conformance::conformance!(
-            dlq, $backend, $crate::stores::conformance::$make;
+        $crate::__store_conformance!(
+            dlq, $backend, $make;
             put_is_idempotent_by_id_and_durable,
             get_and_delete,
             list_filters_oldest_first,
@@ -20,7 +24,6 @@ macro_rules! dlq_conformance {
         );
     };
 }
-pub(crate) use dlq_conformance;
 
 fn entry(bridge: &str, route: &str, binding: &str, reason: DlqReason, at: SystemTime) -> DlqEntry {
     DlqEntry {
@@ -51,7 +54,7 @@ fn only_bridge(bridge: &str) -> DlqFilter {
     }
 }
 
-pub(crate) async fn put_is_idempotent_by_id_and_durable<S: Harness + DlqStore>(s: S) {
+pub async fn put_is_idempotent_by_id_and_durable<S: Harness + DlqStore>(s: S) {
     let e = entry(&unique("br"), "r", "b", DlqReason::PermanentError, t(5));
     assert_eq!(s.put(e.clone()).await, Ok(true));
     let mut again = e.clone();
@@ -65,7 +68,7 @@ pub(crate) async fn put_is_idempotent_by_id_and_durable<S: Harness + DlqStore>(s
     assert_eq!(page.expect("list").entries, vec![e]);
 }
 
-pub(crate) async fn get_and_delete<S: Harness + DlqStore>(s: S) {
+pub async fn get_and_delete<S: Harness + DlqStore>(s: S) {
     let e = entry(&unique("br"), "r", "b", DlqReason::Expired, t(5));
     assert!(matches!(s.get(&e.id).await, Err(StoreError::NotFound(_))));
     assert!(matches!(
@@ -80,7 +83,7 @@ pub(crate) async fn get_and_delete<S: Harness + DlqStore>(s: S) {
     assert_eq!(s.put(e).await, Ok(true));
 }
 
-pub(crate) async fn list_filters_oldest_first<S: Harness + DlqStore>(s: S) {
+pub async fn list_filters_oldest_first<S: Harness + DlqStore>(s: S) {
     let br = unique("br");
     let e = [
         entry(&br, "r1", "b1", DlqReason::PermanentError, t(30)),
@@ -134,7 +137,7 @@ pub(crate) async fn list_filters_oldest_first<S: Harness + DlqStore>(s: S) {
     assert_eq!(ids(&window), [&e[2].id, &e[0].id]);
 }
 
-pub(crate) async fn list_pages_through_everything<S: Harness + DlqStore>(s: S) {
+pub async fn list_pages_through_everything<S: Harness + DlqStore>(s: S) {
     let br = unique("br");
     let mut want = Vec::new();
     for i in 0..25 {
@@ -174,7 +177,7 @@ pub(crate) async fn list_pages_through_everything<S: Harness + DlqStore>(s: S) {
     ));
 }
 
-pub(crate) async fn purge_deletes_what_matches<S: Harness + DlqStore>(s: S) {
+pub async fn purge_deletes_what_matches<S: Harness + DlqStore>(s: S) {
     let br = unique("br");
     for (route, at) in [("r1", 1), ("r1", 2), ("r2", 3)] {
         s.put(entry(&br, route, "b", DlqReason::Expired, t(at)))
@@ -192,7 +195,7 @@ pub(crate) async fn purge_deletes_what_matches<S: Harness + DlqStore>(s: S) {
     assert_eq!(left.expect("list").entries.len(), 1);
 }
 
-pub(crate) async fn stats_count_per_route_binding_reason<S: Harness + DlqStore>(s: S) {
+pub async fn stats_count_per_route_binding_reason<S: Harness + DlqStore>(s: S) {
     let br = unique("br");
     for (route, binding, reason, at) in [
         ("r1", "b1", DlqReason::Expired, 5),
@@ -235,7 +238,7 @@ pub(crate) async fn stats_count_per_route_binding_reason<S: Harness + DlqStore>(
     assert_eq!(s.stats(&expired).await.expect("stats").total, 3);
 }
 
-pub(crate) async fn invalid_entries_are_refused<S: Harness + DlqStore>(s: S) {
+pub async fn invalid_entries_are_refused<S: Harness + DlqStore>(s: S) {
     let mut e = entry(&unique("br"), "r", "b", DlqReason::Expired, t(1));
     e.route_id.clear();
     assert!(matches!(

@@ -6,11 +6,15 @@ use std::time::Duration;
 use super::{Harness, t, unique};
 use crate::stores::{Acquired, Lease, LeaseStore, StoreError};
 
-/// Instantiates every test of this suite for a backend.
+/// Instantiates every test of this suite for a backend:
+/// `lease_conformance!(backend, make)` makes a module `backend` of
+/// `#[tokio::test]`s, each calling `make().await` (an `async fn() -> (S,
+/// Guard)` beside the macro call) for a fresh store.
+#[macro_export]
 macro_rules! lease_conformance {
     ($backend:ident, $make:ident) => {
-        $crate::stores::conformance::conformance!(
-            lease, $backend, $crate::stores::conformance::$make;
+        $crate::__store_conformance!(
+            lease, $backend, $make;
             first_grant_is_exclusive,
             an_acquire_by_the_holder_itself_is_a_new_version,
             expired_lease_goes_to_another_with_higher_version,
@@ -22,7 +26,6 @@ macro_rules! lease_conformance {
         );
     };
 }
-pub(crate) use lease_conformance;
 
 const TTL: Duration = Duration::from_secs(15);
 
@@ -40,7 +43,7 @@ fn assert_stale<T: std::fmt::Debug>(r: Result<T, StoreError>) {
     );
 }
 
-pub(crate) async fn first_grant_is_exclusive<S: Harness + LeaseStore>(s: S) {
+pub async fn first_grant_is_exclusive<S: Harness + LeaseStore>(s: S) {
     let k = unique("k");
     let a = granted(&s, &k, "A", 0).await;
     assert_eq!(
@@ -55,9 +58,7 @@ pub(crate) async fn first_grant_is_exclusive<S: Harness + LeaseStore>(s: S) {
 }
 
 /// A restart under the same holder id must fence out the previous run.
-pub(crate) async fn an_acquire_by_the_holder_itself_is_a_new_version<S: Harness + LeaseStore>(
-    s: S,
-) {
+pub async fn an_acquire_by_the_holder_itself_is_a_new_version<S: Harness + LeaseStore>(s: S) {
     let k = unique("k");
     let a = granted(&s, &k, "A", 0).await;
     let again = granted(&s, &k, "A", 10).await;
@@ -68,9 +69,7 @@ pub(crate) async fn an_acquire_by_the_holder_itself_is_a_new_version<S: Harness 
     assert_stale(s.renew(&k, "A", a.version, TTL, t(11)).await);
 }
 
-pub(crate) async fn expired_lease_goes_to_another_with_higher_version<S: Harness + LeaseStore>(
-    s: S,
-) {
+pub async fn expired_lease_goes_to_another_with_higher_version<S: Harness + LeaseStore>(s: S) {
     let k = unique("k");
     let a = granted(&s, &k, "A", 0).await;
     // Still A's one nanosecond before expiry; free at expiry.
@@ -91,7 +90,7 @@ pub(crate) async fn expired_lease_goes_to_another_with_higher_version<S: Harness
     assert!(a3.version > a2.version);
 }
 
-pub(crate) async fn renew_only_by_the_live_holder_at_its_version<S: Harness + LeaseStore>(s: S) {
+pub async fn renew_only_by_the_live_holder_at_its_version<S: Harness + LeaseStore>(s: S) {
     let k = unique("k");
     let a = granted(&s, &k, "A", 0).await;
     assert_stale(s.renew(&k, "B", a.version, TTL, t(1)).await);
@@ -115,7 +114,7 @@ pub(crate) async fn renew_only_by_the_live_holder_at_its_version<S: Harness + Le
     assert_stale(s.renew(&unique("none"), "A", 1, TTL, t(0)).await);
 }
 
-pub(crate) async fn release_frees_at_once_and_versions_keep_rising<S: Harness + LeaseStore>(s: S) {
+pub async fn release_frees_at_once_and_versions_keep_rising<S: Harness + LeaseStore>(s: S) {
     let k = unique("k");
     let a = granted(&s, &k, "A", 0).await;
     assert_stale(s.release(&k, "B", a.version).await);
@@ -131,7 +130,7 @@ pub(crate) async fn release_frees_at_once_and_versions_keep_rising<S: Harness + 
     assert_stale(s.release(&unique("none"), "A", 1).await);
 }
 
-pub(crate) async fn versions_survive_reopen<S: Harness + LeaseStore>(s: S) {
+pub async fn versions_survive_reopen<S: Harness + LeaseStore>(s: S) {
     let k = unique("k");
     let mut last = 0;
     let mut s = s;
@@ -150,7 +149,7 @@ pub(crate) async fn versions_survive_reopen<S: Harness + LeaseStore>(s: S) {
     }
 }
 
-pub(crate) async fn list_shows_every_key<S: Harness + LeaseStore>(s: S) {
+pub async fn list_shows_every_key<S: Harness + LeaseStore>(s: S) {
     let (k1, k2) = (unique("a"), unique("b"));
     let l1 = granted(&s, &k1, "A", 0).await;
     let l2 = granted(&s, &k2, "B", 0).await;
@@ -173,7 +172,7 @@ pub(crate) async fn list_shows_every_key<S: Harness + LeaseStore>(s: S) {
     assert!(keys.windows(2).all(|w| w[0] < w[1]), "ordered by key");
 }
 
-pub(crate) async fn invalid_arguments_are_refused<S: Harness + LeaseStore>(s: S) {
+pub async fn invalid_arguments_are_refused<S: Harness + LeaseStore>(s: S) {
     let invalid = |r: Result<Acquired, StoreError>| matches!(r, Err(StoreError::Invalid(_)));
     assert!(invalid(s.acquire("", "A", TTL, t(0)).await));
     assert!(invalid(s.acquire("k", "", TTL, t(0)).await));

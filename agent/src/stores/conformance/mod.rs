@@ -3,10 +3,16 @@
 //! line (`outbox_conformance!(memory, make_memory_outbox)`). A new backend
 //! passes when its one line passes.
 //!
-//! Backend-only helpers (reopen, dump) live in the test-only [`Harness`]
-//! traits. Every test reopens its store at least once: for durable backends
-//! that checks that what was acknowledged survives closing; volatile
-//! backends reopen as themselves.
+//! Backend-only helpers (reopen, dump) live in the [`Harness`] traits. Every
+//! test reopens its store at least once: for durable backends that checks
+//! that what was acknowledged survives closing; volatile backends reopen as
+//! themselves.
+//!
+//! The agent's own backends are instantiated in `backends` (test-only). The
+//! lease and DLQ suites are also exported behind the `conformance` feature,
+//! for backends whose server lives in another crate: `ferry-tests` runs them
+//! against an in-process control plane (`lease_conformance!`,
+//! `dlq_conformance!`, both at the crate root).
 
 use std::any::Any;
 use std::time::{Duration, SystemTime};
@@ -14,26 +20,34 @@ use std::time::{Duration, SystemTime};
 use ferry_shared::envelope::{Envelope, Source, TraceContext};
 use prost::bytes::Bytes;
 
-use super::memory::{MemoryDlqStore, MemoryLeaseStore, MemoryOutboxStore};
-use super::sqlite::{
-    SqliteDlqStore, SqliteLeaseStore, SqliteOptions, SqliteOutboxStore, Synchronous,
-};
-use super::{BoxFuture, OutboxRecord, StoreResult};
+use super::BoxFuture;
+#[cfg(test)]
+use super::{OutboxRecord, StoreResult};
 
-pub(crate) mod dlq;
-pub(crate) mod lease;
+#[cfg(test)]
+mod backends;
+pub mod dlq;
+pub mod lease;
+#[cfg(test)]
 mod model;
+#[cfg(test)]
 pub(crate) mod outbox;
+#[cfg(test)]
 mod sigkill;
 
+#[cfg(test)]
+pub(crate) use backends::{memory_outbox, sqlite_options, sqlite_outbox_normal};
+
 /// The `stale_claim_duration` every outbox under test is opened with.
+#[cfg(test)]
 pub(crate) const STALE: Duration = Duration::from_secs(30);
 
-/// Keeps whatever a backend needs alive for a test (a temporary directory).
-pub(crate) type Guard = Box<dyn Any + Send>;
+/// Keeps whatever a backend needs alive for a test (a temporary directory,
+/// a server).
+pub type Guard = Box<dyn Any + Send>;
 
 /// What the suites need from a backend beyond its trait.
-pub(crate) trait Harness: Sized + Send + Sync + 'static {
+pub trait Harness: Sized + Send + Sync + 'static {
     /// True when the store keeps its data across `reopen`.
     const DURABLE: bool;
     /// Closes the store and opens it again on the same data (volatile
@@ -42,6 +56,7 @@ pub(crate) trait Harness: Sized + Send + Sync + 'static {
 }
 
 /// Outbox backends also show every record of a partition.
+#[cfg(test)]
 pub(crate) trait OutboxHarness: Harness {
     fn dump<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>>;
 }
@@ -74,156 +89,20 @@ pub(crate) fn envelope(name: &str) -> Envelope {
     }
 }
 
-pub(crate) fn sqlite_options(dir: &tempfile::TempDir, file: &str) -> SqliteOptions {
-    SqliteOptions {
-        stale_claim_duration: STALE,
-        ..SqliteOptions::new(dir.path().join(file))
-    }
-}
-
-fn temp_dir() -> tempfile::TempDir {
-    tempfile::tempdir().expect("temporary directory")
-}
-
-// ---- backends under test -------------------------------------------------
-
-impl Harness for MemoryOutboxStore {
-    const DURABLE: bool = false;
-    fn reopen(self) -> BoxFuture<'static, Self> {
-        Box::pin(async move { self })
-    }
-}
-
-impl OutboxHarness for MemoryOutboxStore {
-    fn dump<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
-        Box::pin(async move { MemoryOutboxStore::dump(self, partition) })
-    }
-}
-
-impl Harness for SqliteOutboxStore {
-    const DURABLE: bool = true;
-    fn reopen(self) -> BoxFuture<'static, Self> {
-        Box::pin(async move {
-            let options = self.options().clone();
-            self.close().await;
-            SqliteOutboxStore::open(options)
-                .await
-                .expect("reopen outbox")
-        })
-    }
-}
-
-impl OutboxHarness for SqliteOutboxStore {
-    fn dump<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
-        Box::pin(SqliteOutboxStore::dump(self, partition))
-    }
-}
-
-impl Harness for MemoryLeaseStore {
-    const DURABLE: bool = false;
-    fn reopen(self) -> BoxFuture<'static, Self> {
-        Box::pin(async move { self })
-    }
-}
-
-impl Harness for SqliteLeaseStore {
-    const DURABLE: bool = true;
-    fn reopen(self) -> BoxFuture<'static, Self> {
-        Box::pin(async move {
-            let options = self.options().clone();
-            self.close().await;
-            SqliteLeaseStore::open(options)
-                .await
-                .expect("reopen leases")
-        })
-    }
-}
-
-impl Harness for MemoryDlqStore {
-    const DURABLE: bool = false;
-    fn reopen(self) -> BoxFuture<'static, Self> {
-        Box::pin(async move { self })
-    }
-}
-
-impl Harness for SqliteDlqStore {
-    const DURABLE: bool = true;
-    fn reopen(self) -> BoxFuture<'static, Self> {
-        Box::pin(async move {
-            let options = self.options().clone();
-            self.close().await;
-            SqliteDlqStore::open(options).await.expect("reopen dlq")
-        })
-    }
-}
-
-pub(crate) async fn memory_outbox() -> (MemoryOutboxStore, Guard) {
-    (MemoryOutboxStore::new(STALE), Box::new(()))
-}
-
-pub(crate) async fn sqlite_outbox() -> (SqliteOutboxStore, Guard) {
-    let dir = temp_dir();
-    let store = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
-        .await
-        .expect("open outbox");
-    (store, Box::new(dir))
-}
-
-/// The outbox on `synchronous=NORMAL`, for the many short-lived stores of
-/// the property test (the durability tests use the default `FULL`).
-pub(crate) async fn sqlite_outbox_normal() -> (SqliteOutboxStore, Guard) {
-    let dir = temp_dir();
-    let options = SqliteOptions {
-        synchronous: Synchronous::Normal,
-        ..sqlite_options(&dir, "outbox.db")
-    };
-    let store = SqliteOutboxStore::open(options).await.expect("open outbox");
-    (store, Box::new(dir))
-}
-
-pub(crate) async fn memory_lease() -> (MemoryLeaseStore, Guard) {
-    (MemoryLeaseStore::new(), Box::new(()))
-}
-
-pub(crate) async fn sqlite_lease() -> (SqliteLeaseStore, Guard) {
-    let dir = temp_dir();
-    let store = SqliteLeaseStore::open(sqlite_options(&dir, "lease.db"))
-        .await
-        .expect("open leases");
-    (store, Box::new(dir))
-}
-
-pub(crate) async fn memory_dlq() -> (MemoryDlqStore, Guard) {
-    (MemoryDlqStore::new(), Box::new(()))
-}
-
-pub(crate) async fn sqlite_dlq() -> (SqliteDlqStore, Guard) {
-    let dir = temp_dir();
-    let store = SqliteDlqStore::open(sqlite_options(&dir, "dlq.db"))
-        .await
-        .expect("open dlq");
-    (store, Box::new(dir))
-}
-
-/// Instantiates `$suite`'s tests (listed in `$suite::tests!`) for a backend.
-macro_rules! conformance {
-    ($suite:ident, $backend:ident, $make:path; $($test:ident),+ $(,)?) => {
+/// Instantiates `$suite`'s tests (listed in `$suite`'s macro) for a
+/// backend: `$make` is an `async fn() -> (S, Guard)` in the invoking module.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __store_conformance {
+    ($suite:ident, $backend:ident, $make:ident; $($test:ident),+ $(,)?) => {
         mod $backend {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $test() {
-                    let (store, _guard) = $make().await;
+                    let (store, _guard) = super::$make().await;
                     $crate::stores::conformance::$suite::$test(store).await;
                 }
             )+
         }
     };
 }
-pub(crate) use conformance;
-
-outbox::outbox_conformance!(memory_outbox, memory_outbox);
-outbox::outbox_conformance!(sqlite_outbox, sqlite_outbox);
-lease::lease_conformance!(memory_lease, memory_lease);
-lease::lease_conformance!(sqlite_lease, sqlite_lease);
-dlq::dlq_conformance!(memory_dlq, memory_dlq);
-dlq::dlq_conformance!(sqlite_dlq, sqlite_dlq);

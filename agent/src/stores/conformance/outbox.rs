@@ -9,8 +9,8 @@ use crate::stores::{NewRecord, OutboxRecord, OutboxStore, Release, StoreError};
 /// Instantiates every test of this suite for a backend.
 macro_rules! outbox_conformance {
     ($backend:ident, $make:ident) => {
-        $crate::stores::conformance::conformance!(
-            outbox, $backend, $crate::stores::conformance::$make;
+        $crate::__store_conformance!(
+            outbox, $backend, $make;
             append_assigns_increasing_seqs_never_reused,
             append_is_all_or_nothing,
             acknowledged_appends_are_visible_and_durable,

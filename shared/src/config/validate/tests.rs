@@ -616,6 +616,23 @@ fn memory_lease_with_durable_outbox_is_rejected() {
     assert!(errs[0].message.contains("never drains again"));
 }
 
+/// Leases and dead letters kept by the control plane pair with a durable local outbox: its
+/// versions are durable in the control plane's state, so they never fall below the outbox's
+/// high-water mark. An unset endpoint means the control plane the agent is managed by.
+#[test]
+fn control_plane_lease_and_dlq_pair_with_a_durable_outbox() {
+    for options in [
+        "options: {}\n",
+        "options:\n  endpoint: https://cp.example:50051\n",
+    ] {
+        let mut c = base();
+        assert!(c.stores.outbox.as_ref().is_some_and(|o| o.is_durable()));
+        c.stores.lease = Some(yaml(&format!("type: control_plane\n{options}")));
+        c.stores.dlq = Some(yaml(&format!("type: control_plane\n{options}")));
+        assert!(validate(&c).is_ok(), "{:?}", validate(&c).err());
+    }
+}
+
 #[test]
 fn memory_outbox_needs_acknowledge_volatile() {
     let errs = errors(|c| {

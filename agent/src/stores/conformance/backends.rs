@@ -1,0 +1,144 @@
+//! The agent's own backends under the conformance suites.
+
+use super::{Guard, Harness, OutboxHarness, STALE};
+use crate::stores::memory::{MemoryDlqStore, MemoryLeaseStore, MemoryOutboxStore};
+use crate::stores::sqlite::{
+    SqliteDlqStore, SqliteLeaseStore, SqliteOptions, SqliteOutboxStore, Synchronous,
+};
+use crate::stores::{BoxFuture, OutboxRecord, StoreResult};
+
+pub(crate) fn sqlite_options(dir: &tempfile::TempDir, file: &str) -> SqliteOptions {
+    SqliteOptions {
+        stale_claim_duration: STALE,
+        ..SqliteOptions::new(dir.path().join(file))
+    }
+}
+
+fn temp_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temporary directory")
+}
+
+impl Harness for MemoryOutboxStore {
+    const DURABLE: bool = false;
+    fn reopen(self) -> BoxFuture<'static, Self> {
+        Box::pin(async move { self })
+    }
+}
+
+impl OutboxHarness for MemoryOutboxStore {
+    fn dump<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
+        Box::pin(async move { MemoryOutboxStore::dump(self, partition) })
+    }
+}
+
+impl Harness for SqliteOutboxStore {
+    const DURABLE: bool = true;
+    fn reopen(self) -> BoxFuture<'static, Self> {
+        Box::pin(async move {
+            let options = self.options().clone();
+            self.close().await;
+            SqliteOutboxStore::open(options)
+                .await
+                .expect("reopen outbox")
+        })
+    }
+}
+
+impl OutboxHarness for SqliteOutboxStore {
+    fn dump<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
+        Box::pin(SqliteOutboxStore::dump(self, partition))
+    }
+}
+
+impl Harness for MemoryLeaseStore {
+    const DURABLE: bool = false;
+    fn reopen(self) -> BoxFuture<'static, Self> {
+        Box::pin(async move { self })
+    }
+}
+
+impl Harness for SqliteLeaseStore {
+    const DURABLE: bool = true;
+    fn reopen(self) -> BoxFuture<'static, Self> {
+        Box::pin(async move {
+            let options = self.options().clone();
+            self.close().await;
+            SqliteLeaseStore::open(options)
+                .await
+                .expect("reopen leases")
+        })
+    }
+}
+
+impl Harness for MemoryDlqStore {
+    const DURABLE: bool = false;
+    fn reopen(self) -> BoxFuture<'static, Self> {
+        Box::pin(async move { self })
+    }
+}
+
+impl Harness for SqliteDlqStore {
+    const DURABLE: bool = true;
+    fn reopen(self) -> BoxFuture<'static, Self> {
+        Box::pin(async move {
+            let options = self.options().clone();
+            self.close().await;
+            SqliteDlqStore::open(options).await.expect("reopen dlq")
+        })
+    }
+}
+
+pub(crate) async fn memory_outbox() -> (MemoryOutboxStore, Guard) {
+    (MemoryOutboxStore::new(STALE), Box::new(()))
+}
+
+pub(crate) async fn sqlite_outbox() -> (SqliteOutboxStore, Guard) {
+    let dir = temp_dir();
+    let store = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
+        .await
+        .expect("open outbox");
+    (store, Box::new(dir))
+}
+
+/// The outbox on `synchronous=NORMAL`, for the many short-lived stores of
+/// the property test (the durability tests use the default `FULL`).
+pub(crate) async fn sqlite_outbox_normal() -> (SqliteOutboxStore, Guard) {
+    let dir = temp_dir();
+    let options = SqliteOptions {
+        synchronous: Synchronous::Normal,
+        ..sqlite_options(&dir, "outbox.db")
+    };
+    let store = SqliteOutboxStore::open(options).await.expect("open outbox");
+    (store, Box::new(dir))
+}
+
+pub(crate) async fn memory_lease() -> (MemoryLeaseStore, Guard) {
+    (MemoryLeaseStore::new(), Box::new(()))
+}
+
+pub(crate) async fn sqlite_lease() -> (SqliteLeaseStore, Guard) {
+    let dir = temp_dir();
+    let store = SqliteLeaseStore::open(sqlite_options(&dir, "lease.db"))
+        .await
+        .expect("open leases");
+    (store, Box::new(dir))
+}
+
+pub(crate) async fn memory_dlq() -> (MemoryDlqStore, Guard) {
+    (MemoryDlqStore::new(), Box::new(()))
+}
+
+pub(crate) async fn sqlite_dlq() -> (SqliteDlqStore, Guard) {
+    let dir = temp_dir();
+    let store = SqliteDlqStore::open(sqlite_options(&dir, "dlq.db"))
+        .await
+        .expect("open dlq");
+    (store, Box::new(dir))
+}
+
+super::outbox::outbox_conformance!(memory_outbox, memory_outbox);
+super::outbox::outbox_conformance!(sqlite_outbox, sqlite_outbox);
+crate::lease_conformance!(memory_lease, memory_lease);
+crate::lease_conformance!(sqlite_lease, sqlite_lease);
+crate::dlq_conformance!(memory_dlq, memory_dlq);
+crate::dlq_conformance!(sqlite_dlq, sqlite_dlq);
