@@ -1,6 +1,11 @@
 //! Keeping the partition lease: acquire, renew every `renew_interval`,
 //! publish the held version (or `None`) on a watch channel.
 //!
+//! The held version is withdrawn (draining stops) when a renew is refused,
+//! and at the latest when the grant expires: a renew is never awaited past
+//! `expires_at`, and the loop wakes at `expires_at` if that comes before the
+//! next renewal — whatever the lease store (a remote one may hang).
+//!
 //! A grant our agent id still holds from a previous run of this agent needs
 //! no clean-up: every acquire is granted a new version (ADR 0004), so the
 //! first claim under it takes that run's claims back.
@@ -46,30 +51,54 @@ pub(super) async fn keep(
                 }
             },
             Some(lease) => {
-                match d
-                    .leases
-                    .renew(&d.partition, &d.holder, lease.version, d.lease_ttl, now)
-                    .await
-                {
-                    Ok(renewed) => held = Some(renewed),
-                    Err(error)
+                // A renew that answers after the grant expired is worth
+                // nothing: never wait past `expires_at`, whatever the store.
+                let left = lease.expires_at.duration_since(now).unwrap_or_default();
+                let renewed = tokio::time::timeout(
+                    left,
+                    d.leases
+                        .renew(&d.partition, &d.holder, lease.version, d.lease_ttl, now),
+                )
+                .await;
+                match renewed {
+                    Ok(Ok(renewed)) => held = Some(renewed),
+                    Ok(Err(error))
                         if error.outcome_known() || SystemTime::now() >= lease.expires_at =>
                     {
                         tracing::warn!(partition = %d.partition, %error, "lease lost");
-                        tx.send_replace(None);
-                        d.route_metrics.set_lease_held(false);
-                        held = None;
+                        lose(&d, &tx, &mut held);
                     }
-                    Err(error) => {
+                    Ok(Err(error)) => {
                         tracing::debug!(partition = %d.partition, %error, "renewing the lease failed; retrying");
+                    }
+                    Err(_) => {
+                        tracing::warn!(partition = %d.partition, version = lease.version, "lease expired before it could be renewed");
+                        lose(&d, &tx, &mut held);
                     }
                 }
             }
         }
+        // While holding, wake no later than the grant's expiry: a lease that
+        // could not be renewed stops draining at `expires_at`, not one
+        // `renew_interval` after it.
+        let pause = held.as_ref().map_or(d.renew_interval, |lease| {
+            let left = lease
+                .expires_at
+                .duration_since(SystemTime::now())
+                .unwrap_or_default();
+            d.renew_interval.min(left)
+        });
         tokio::select! {
             () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(d.renew_interval) => {}
+            () = tokio::time::sleep(pause) => {}
         }
     }
     held.map(|l| l.version)
+}
+
+/// Stops draining under the held grant.
+fn lose(d: &Drainer, tx: &watch::Sender<Option<u64>>, held: &mut Option<Lease>) {
+    tx.send_replace(None);
+    d.route_metrics.set_lease_held(false);
+    *held = None;
 }
