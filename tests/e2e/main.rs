@@ -12,6 +12,7 @@ mod agent_direct_hold;
 mod agent_failures;
 mod agent_figures;
 mod agent_ingress;
+mod agent_reload;
 mod agent_support;
 mod agent_visibility;
 mod control_plane;

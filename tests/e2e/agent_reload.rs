@@ -1,0 +1,367 @@
+//! Live configuration changes (ADR 0005): `ferry-agent run --config FILE` re-reads the file on
+//! SIGHUP and applies it as a diff while messages flow. Two real Mosquitto brokers (A in,
+//! B out), a collector on B counting by sequence number.
+//!
+//! The bridge has independent routes, each on sessions of its own:
+//! - `keep` (shared_outbox, binding `k1`): unchanged by the reload;
+//! - `grow` (shared_outbox, `g1`): changed, binding `g2` added;
+//! - `gone` (direct_hold, `d1`): removed;
+//! - `new` (direct_hold, `n1`): added.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use ferry_tests::agent::{Agent, Metrics};
+use ferry_tests::mqtt::QoS;
+use ferry_tests::{Mosquitto, ids, publish_seq, wait};
+
+const DELIVERY: Duration = Duration::from_secs(60);
+
+/// A route of the test bridge: id, delivery mode, bindings.
+struct R {
+    id: &'static str,
+    shared_outbox: bool,
+    bindings: &'static [&'static str],
+}
+
+struct Setup {
+    run: String,
+    a: String,
+    b: String,
+    dir: std::path::PathBuf,
+}
+
+impl Setup {
+    fn input(&self, route: &str) -> String {
+        format!("{}/{route}/in", self.run)
+    }
+
+    fn output(&self, binding: &str) -> String {
+        format!("{}/out/{binding}", self.run)
+    }
+
+    /// The configuration with `routes`, each on an ingress session `{id}-in` (A) and an egress
+    /// session `{id}-out` (B) of its own.
+    fn yaml(&self, routes: &[R]) -> String {
+        let dir = self.dir.display();
+        let y = format!(
+            "bridge:\n  id: e2e\n\
+             stores:\n\
+             \x20 outbox: {{ type: sqlite, options: {{ path: {dir}/outbox.db }} }}\n\
+             \x20 lease: {{ type: sqlite, options: {{ path: {dir}/lease.db }} }}\n\
+             \x20 dlq: {{ type: sqlite, options: {{ path: {dir}/dlq.db }} }}\n"
+        );
+        let (mut sessions, mut receivers, mut senders, mut bindings, mut out) = (
+            String::from("sessions:\n"),
+            String::from("receivers:\n"),
+            String::from("senders:\n"),
+            String::from("bindings:\n"),
+            String::from("routes:\n"),
+        );
+        for r in routes {
+            for (side, url) in [("in", &self.a), ("out", &self.b)] {
+                let _ = writeln!(
+                    sessions,
+                    "  - {{ id: {id}-{side}, transport: mqtt, options: {{ session: {{ broker_url: \"{url}\", client_id: {run}-{id}-{side}, keep_alive: 5 }} }} }}",
+                    id = r.id,
+                    run = self.run,
+                );
+            }
+            let _ = writeln!(
+                receivers,
+                "  - {{ id: {id}-rx, session_id: {id}-in, topics: [{{ topic: \"{input}\", qos: 1 }}] }}",
+                id = r.id,
+                input = self.input(r.id),
+            );
+            let _ = writeln!(
+                senders,
+                "  - {{ id: {id}-tx, session_id: {id}-out, options: {{ sender: {{ qos: 1 }} }} }}",
+                id = r.id
+            );
+            for b in r.bindings {
+                let _ = writeln!(
+                    bindings,
+                    "  - {{ id: {b}, sender_id: {id}-tx, address: \"{out}\" }}",
+                    id = r.id,
+                    out = self.output(b),
+                );
+            }
+            let mode = if r.shared_outbox {
+                "shared_outbox, dispatch_mode: fan_out"
+            } else {
+                "direct_hold"
+            };
+            let _ = write!(
+                out,
+                "  - {{ id: {id}, receiver_id: {id}-rx, delivery_mode: {mode}, bindings: [{b}]",
+                id = r.id,
+                b = r.bindings.join(", "),
+            );
+            if r.shared_outbox {
+                let _ = write!(
+                    out,
+                    ", session: {{ session_id: {id}-out, sender_id: {id}-tx, drain_interval: 200ms, drain_batch_size: 100, lease_ttl: 3s, step_down_grace: 2s }}",
+                    id = r.id
+                );
+            }
+            out.push_str(" }\n");
+        }
+        y + &sessions + &receivers + &senders + &bindings + &out
+    }
+}
+
+/// Publishes `seqs` to `topic` in chunks, paced so the stream spans the reload.
+async fn stream(url: String, topic: String, seqs: std::ops::Range<u64>) -> anyhow::Result<()> {
+    let mut pace = tokio::time::interval(Duration::from_millis(40));
+    let mut next = seqs.start;
+    while next < seqs.end {
+        pace.tick().await;
+        let end = (next + 25).min(seqs.end);
+        publish_seq(&url, &topic, next..end, QoS::AtLeastOnce).await?;
+        next = end;
+    }
+    Ok(())
+}
+
+fn reconnects(m: &Metrics, session: &str) -> f64 {
+    m.session("ferry_session_reconnects_total", session)
+}
+
+/// Sends SIGHUP and waits until the agent logged `needle` once more than before.
+async fn reload(agent: &mut Agent, needle: &str) -> anyhow::Result<()> {
+    let before = agent.output().matches(needle).count();
+    agent
+        .process()
+        .ok_or_else(|| anyhow::anyhow!("the agent is not running"))?
+        .signal("HUP")?;
+    wait::until(
+        Duration::from_secs(30),
+        format!("{needle:?} in the log"),
+        || std::future::ready(agent.output().matches(needle).count() > before),
+    )
+    .await
+}
+
+/// Every binding: nothing in flight, the conservation law exactly.
+async fn conserved(agent: &Agent, bindings: &[(&str, &str)]) -> anyhow::Result<Metrics> {
+    wait::until_ok(
+        DELIVERY,
+        "the conservation law with nothing in flight",
+        || {
+            let outcome = agent.metrics().and_then(|m| {
+                for (route, b) in bindings {
+                    let c = m.binding(route, b);
+                    anyhow::ensure!(c.in_flight == 0, "{route}/{b}: {c:?}");
+                    anyhow::ensure!(c.is_conserved(), "{route}/{b}: not conserved: {c:?}");
+                }
+                Ok(m)
+            });
+            std::future::ready(outcome)
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn sighup_adds_changes_and_removes_routes_while_messages_flow() -> anyhow::Result<()> {
+    let a = Mosquitto::start().await?;
+    let b = Mosquitto::start().await?;
+    let dir = tempfile::tempdir()?;
+    let s = Setup {
+        run: ids::unique("reload"),
+        a: a.url(),
+        b: b.url(),
+        dir: dir.path().to_owned(),
+    };
+    let v1 = s.yaml(&[
+        R {
+            id: "keep",
+            shared_outbox: true,
+            bindings: &["k1"],
+        },
+        R {
+            id: "grow",
+            shared_outbox: true,
+            bindings: &["g1"],
+        },
+        R {
+            id: "gone",
+            shared_outbox: false,
+            bindings: &["d1"],
+        },
+    ]);
+    let v2 = s.yaml(&[
+        R {
+            id: "keep",
+            shared_outbox: true,
+            bindings: &["k1"],
+        },
+        R {
+            id: "grow",
+            shared_outbox: true,
+            bindings: &["g1", "g2"],
+        },
+        R {
+            id: "new",
+            shared_outbox: false,
+            bindings: &["n1"],
+        },
+    ]);
+    let collector = ferry_tests::Collector::start(
+        &s.b,
+        &ids::unique("collector"),
+        &format!("{}/out/#", s.run),
+        QoS::AtLeastOnce,
+    )
+    .await?;
+    let mut agent = Agent::start(&s.dir, &v1)?;
+    agent.wait_ready(Duration::from_secs(20)).await?;
+
+    // `gone` carries a first batch before it is removed.
+    const D: u64 = 200;
+    publish_seq(&s.a, &s.input("gone"), 0..D, QoS::AtLeastOnce).await?;
+    collector.wait_for(&s.output("d1"), 0..D, DELIVERY).await?;
+
+    // `keep` and `grow` stream across the reload.
+    const N: u64 = 1500;
+    let keep_stream = tokio::spawn(stream(s.a.clone(), s.input("keep"), 0..N));
+    let grow_stream = tokio::spawn(stream(s.a.clone(), s.input("grow"), 0..N));
+    collector
+        .wait_for(&s.output("g1"), 0..100, DELIVERY)
+        .await?;
+    std::fs::write(s.dir.join("bridge.yaml"), &v2)?;
+    reload(&mut agent, "configuration applied").await?;
+    let mid_stream = collector.counts().distinct(&s.output("k1"));
+    keep_stream.await??;
+    grow_stream.await??;
+    assert!(
+        (mid_stream as u64) < N,
+        "the reload happened while `keep` was still streaming ({mid_stream} of {N} had arrived)"
+    );
+
+    // After the change: `grow` fans out to g2 too, `new` runs, `gone` takes nothing.
+    const M: u64 = 300;
+    publish_seq(&s.a, &s.input("grow"), N..N + M, QoS::AtLeastOnce).await?;
+    publish_seq(&s.a, &s.input("new"), 0..M, QoS::AtLeastOnce).await?;
+    publish_seq(&s.a, &s.input("gone"), D..D + M, QoS::AtLeastOnce).await?;
+    collector.wait_for(&s.output("k1"), 0..N, DELIVERY).await?;
+    collector
+        .wait_for(&s.output("g1"), 0..N + M, DELIVERY)
+        .await?;
+    collector
+        .wait_for(&s.output("g2"), N..N + M, DELIVERY)
+        .await?;
+    collector.wait_for(&s.output("n1"), 0..M, DELIVERY).await?;
+
+    let m = conserved(
+        &agent,
+        &[
+            ("keep", "k1"),
+            ("grow", "g1"),
+            ("grow", "g2"),
+            ("gone", "d1"),
+            ("new", "n1"),
+        ],
+    )
+    .await?;
+    let tail = agent.tail();
+    let k1 = m.binding("keep", "k1");
+    assert_eq!((k1.received, k1.sent), (N, N), "{k1:?}\n{tail}");
+    // A delivery the old `grow` had not finished is redelivered (at least once): counted twice.
+    let g1 = m.binding("grow", "g1");
+    assert_eq!(g1.received, g1.sent, "{g1:?}\n{tail}");
+    assert!(g1.sent >= N + M, "{g1:?}");
+    let g2 = m.binding("grow", "g2");
+    assert_eq!(g2.received, g2.sent, "{g2:?}\n{tail}");
+    assert!(g2.sent >= M, "{g2:?}");
+    let d1 = m.binding("gone", "d1");
+    assert_eq!(
+        (d1.received, d1.sent),
+        (D, D),
+        "removed: takes nothing more\n{d1:?}"
+    );
+    assert_eq!(
+        collector.counts().distinct(&s.output("d1")) as u64,
+        D,
+        "nothing reaches the removed route's destination"
+    );
+    let n1 = m.binding("new", "n1");
+    assert_eq!((n1.received, n1.sent), (M, M), "{n1:?}\n{tail}");
+
+    // The unchanged route's sessions never reconnected; the changed route's ingress session
+    // was restarted (the counter sees restarts).
+    assert_eq!(reconnects(&m, "keep-in"), 0.0, "{tail}");
+    assert_eq!(reconnects(&m, "keep-out"), 0.0, "{tail}");
+    assert!(
+        reconnects(&m, "grow-in") >= 1.0,
+        "grow-in restarted\n{tail}"
+    );
+    assert!(
+        collector
+            .counts()
+            .duplicates()
+            .iter()
+            .all(|(topic, _, _)| !topic.ends_with("/k1")),
+        "the unchanged route saw no redelivery"
+    );
+
+    let status = agent.terminate(Duration::from_secs(15)).await?;
+    assert!(status.success(), "graceful shutdown exits 0: {status}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_invalid_file_on_sighup_is_logged_and_changes_nothing() -> anyhow::Result<()> {
+    let a = Mosquitto::start().await?;
+    let b = Mosquitto::start().await?;
+    let dir = tempfile::tempdir()?;
+    let s = Setup {
+        run: ids::unique("reload"),
+        a: a.url(),
+        b: b.url(),
+        dir: dir.path().to_owned(),
+    };
+    let v1 = s.yaml(&[R {
+        id: "keep",
+        shared_outbox: true,
+        bindings: &["k1"],
+    }]);
+    let collector = ferry_tests::Collector::start(
+        &s.b,
+        &ids::unique("collector"),
+        &format!("{}/out/#", s.run),
+        QoS::AtLeastOnce,
+    )
+    .await?;
+    let mut agent = Agent::start(&s.dir, &v1)?;
+    agent.wait_ready(Duration::from_secs(20)).await?;
+    publish_seq(&s.a, &s.input("keep"), 0..100, QoS::AtLeastOnce).await?;
+    collector
+        .wait_for(&s.output("k1"), 0..100, DELIVERY)
+        .await?;
+
+    // A route naming a binding that does not exist: the validator refuses the file.
+    let invalid = v1.replace("bindings: [k1]", "bindings: [k1, nowhere]");
+    std::fs::write(s.dir.join("bridge.yaml"), invalid)?;
+    reload(&mut agent, "configuration ignored").await?;
+    assert!(
+        agent.output().contains("nowhere"),
+        "the error names the problem\n{}",
+        agent.tail()
+    );
+
+    publish_seq(&s.a, &s.input("keep"), 100..300, QoS::AtLeastOnce).await?;
+    collector
+        .wait_for(&s.output("k1"), 0..300, DELIVERY)
+        .await?;
+    let m = conserved(&agent, &[("keep", "k1")]).await?;
+    let k1 = m.binding("keep", "k1");
+    assert_eq!((k1.received, k1.sent), (300, 300), "{k1:?}");
+    assert_eq!(reconnects(&m, "keep-in"), 0.0, "{}", agent.tail());
+    assert_eq!(reconnects(&m, "keep-out"), 0.0, "{}", agent.tail());
+    assert!(!agent.output().contains("configuration applied"));
+
+    let status = agent.terminate(Duration::from_secs(15)).await?;
+    assert!(status.success(), "graceful shutdown exits 0: {status}");
+    Ok(())
+}
