@@ -98,6 +98,8 @@ pub struct Bridge {
     counted: HashSet<String>,
     /// Sessions this bridge has started at least once.
     started_sessions: HashSet<String>,
+    /// The address of every binding this bridge has run.
+    addresses: HashMap<String, String>,
 }
 
 impl std::fmt::Debug for Bridge {
@@ -124,6 +126,7 @@ impl Bridge {
             redrive: Arc::new(Redrive::new(valid.bridge_id().to_owned())),
             counted: HashSet::new(),
             started_sessions: HashSet::new(),
+            addresses: HashMap::new(),
         };
         let (sessions, routes) = everything(valid);
         if let Err(e) = bridge.start_parts(&sessions, &routes).await {
@@ -299,6 +302,9 @@ impl Bridge {
             );
             self.sessions.insert(id.clone(), entry);
         }
+        for b in &self.config.bindings {
+            self.addresses.insert(b.id.clone(), b.address.clone());
+        }
         for id in routes {
             let Some(route) = self.config.route(id) else {
                 continue;
@@ -315,6 +321,7 @@ impl Bridge {
                 stores: &self.stores,
                 sessions: &self.sessions,
                 owner: &self.owner,
+                addresses: &self.addresses,
             };
             let (running, target) = route::start(&ctx, route, receiver, &mut self.counted).await?;
             self.redrive.set_target(id, Some(target));

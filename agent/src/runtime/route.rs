@@ -46,6 +46,9 @@ pub(crate) struct RouteContext<'a> {
     pub sessions: &'a HashMap<String, SessionEntry>,
     /// The claim owner: the agent id plus this bridge's incarnation.
     pub owner: &'a str,
+    /// The address of every binding this bridge has run, by id (for the
+    /// DLQ entries of records whose binding a change removed).
+    pub addresses: &'a HashMap<String, String>,
 }
 
 /// One running route.
@@ -158,13 +161,17 @@ pub(crate) async fn start(
             let depth = Arc::new(OutboxDepth::default());
             let mut drained: HashMap<String, RouteBinding> =
                 bindings.iter().map(|b| (b.id.clone(), b.clone())).collect();
+            // The drainer sends a record to the address stored with it; the
+            // binding's address only goes into a DLQ entry.
+            let retired_binding =
+                |id: &str| binding(id, ctx.addresses.get(id).map_or("", String::as_str));
             let retired = recover(
                 &*outbox,
                 &partition,
                 &mut drained,
                 &depth,
                 counted,
-                &binding,
+                &retired_binding,
             )
             .await?;
             if !retired.is_empty() {
@@ -251,7 +258,7 @@ async fn recover(
     bindings: &mut HashMap<String, RouteBinding>,
     depth: &OutboxDepth,
     counted: &mut HashSet<String>,
-    binding: &dyn Fn(&str, &str) -> RouteBinding,
+    binding: &dyn Fn(&str) -> RouteBinding,
 ) -> Result<Vec<String>, BuildError> {
     let stats = outbox
         .stats(partition)
@@ -261,8 +268,7 @@ async fn recover(
     let mut retired = Vec::new();
     for (id, s) in &stats.bindings {
         if s.depth > 0 && !bindings.contains_key(id) {
-            // The drainer sends a record to the address stored with it.
-            bindings.insert(id.clone(), binding(id, ""));
+            bindings.insert(id.clone(), binding(id));
             retired.push(id.clone());
         }
     }
