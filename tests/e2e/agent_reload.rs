@@ -244,11 +244,25 @@ async fn sighup_adds_changes_and_removes_routes_while_messages_flow() -> anyhow:
     reload(&mut agent, "configuration applied").await?;
     let streaming = !keep_stream.is_finished() && !grow_stream.is_finished();
     eprintln!("SIGHUP to applied: {:?}", sent_at.elapsed());
+    let during = agent.output();
+    // The old drainer of `grow` released its lease (no abort) before the new one took it.
+    assert!(!during.contains("aborted"), "{during}");
+    let released = during
+        .find("lease released partition=e2e/grow")
+        .ok_or_else(|| anyhow::anyhow!("grow's lease was not released\n{during}"))?;
+    let taken = "lease acquired partition=e2e/grow";
+    wait::until(Duration::from_secs(10), "grow's lease taken again", || {
+        std::future::ready(agent.output().matches(taken).count() >= 2)
+    })
+    .await?;
+    let log = agent.output();
+    let acquired = log.rfind(taken).unwrap_or_default();
+    assert!(released < acquired, "released before taken again\n{log}");
     keep_stream.await??;
     grow_stream.await??;
     assert!(
         streaming,
-        "messages were still flowing when the change was applied"
+        "messages were still flowing when the change was applied\n{during}"
     );
 
     // After the change: `grow` fans out to g2 too, `new` runs, `gone` takes nothing.
@@ -547,6 +561,88 @@ async fn a_removed_bindings_records_are_still_delivered() -> anyhow::Result<()> 
         "{}",
         agent.tail()
     );
+
+    let status = agent.terminate(Duration::from_secs(15)).await?;
+    assert!(status.success(), "graceful shutdown exits 0: {status}");
+    Ok(())
+}
+
+/// A valid file the agent cannot start (a CA file that does not exist, read only when the
+/// session starts): the change is undone — the routes it had stopped start again with the
+/// previous version — and the error is logged.
+#[tokio::test]
+async fn a_change_that_cannot_start_leaves_the_previous_version_running() -> anyhow::Result<()> {
+    let a = Mosquitto::start().await?;
+    let b = Mosquitto::start().await?;
+    let dir = tempfile::tempdir()?;
+    let s = Setup {
+        run: ids::unique("reload"),
+        a: a.url(),
+        b: b.url(),
+        dir: dir.path().to_owned(),
+    };
+    let v1 = s.yaml(&[
+        R {
+            id: "keep",
+            shared_outbox: true,
+            bindings: &["k1"],
+            ..R::default()
+        },
+        R {
+            id: "grow",
+            shared_outbox: true,
+            bindings: &["g1"],
+            ..R::default()
+        },
+    ]);
+    let grow_in = format!("broker_url: \"{}\", client_id: {}-grow-in", s.a, s.run);
+    anyhow::ensure!(v1.contains(&grow_in), "{v1}");
+    let broken = v1.replace(
+        &grow_in,
+        &format!(
+            "broker_url: \"mqtts://127.0.0.1:8883\", ca_file: {}/missing-ca.pem, client_id: {}-grow-in",
+            s.dir.display(),
+            s.run
+        ),
+    );
+    let collector = ferry_tests::Collector::start(
+        &s.b,
+        &ids::unique("collector"),
+        &format!("{}/out/#", s.run),
+        QoS::AtLeastOnce,
+    )
+    .await?;
+    let mut agent = Agent::start(&s.dir, &v1)?;
+    agent.wait_ready(Duration::from_secs(20)).await?;
+    publish_seq(&s.a, &s.input("grow"), 0..100, QoS::AtLeastOnce).await?;
+    collector
+        .wait_for(&s.output("g1"), 0..100, DELIVERY)
+        .await?;
+
+    std::fs::write(s.dir.join("bridge.yaml"), broken)?;
+    reload(&mut agent, "cannot apply the configuration").await?;
+    assert!(
+        agent.output().contains("missing-ca.pem"),
+        "the error names the file\n{}",
+        agent.tail()
+    );
+    agent.wait_ready(Duration::from_secs(20)).await?;
+
+    publish_seq(&s.a, &s.input("grow"), 100..300, QoS::AtLeastOnce).await?;
+    publish_seq(&s.a, &s.input("keep"), 0..200, QoS::AtLeastOnce).await?;
+    collector
+        .wait_for(&s.output("g1"), 0..300, DELIVERY)
+        .await?;
+    collector
+        .wait_for(&s.output("k1"), 0..200, DELIVERY)
+        .await?;
+    let m = conserved(&agent, &[("keep", "k1"), ("grow", "g1")]).await?;
+    let (k1, g1) = (m.binding("keep", "k1"), m.binding("grow", "g1"));
+    assert_eq!((k1.received, k1.sent), (200, 200), "{k1:?}");
+    assert_eq!(g1.received, g1.sent, "{g1:?}");
+    assert!(g1.sent >= 300, "{g1:?}");
+    assert_eq!(reconnects(&m, "keep-in"), 0.0, "{}", agent.tail());
+    assert_eq!(reconnects(&m, "keep-out"), 0.0, "{}", agent.tail());
 
     let status = agent.terminate(Duration::from_secs(15)).await?;
     assert!(status.success(), "graceful shutdown exits 0: {status}");

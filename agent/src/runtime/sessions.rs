@@ -48,7 +48,18 @@ pub(crate) fn check(
 ) -> Result<(), BuildError> {
     one_receiver(session, feed)?;
     match session.transport {
-        Transport::Mqtt => settings::mqtt_session(session, feed.first().map(|(_, r)| *r)).map(drop),
+        Transport::Mqtt => {
+            let s = settings::mqtt_session(session, feed.first().map(|(_, r)| *r))?;
+            let refused =
+                |e: SettingsError| BuildError::Session(format!("session {}: {e}", session.id));
+            s.validate().map_err(refused)?;
+            if let Some((r, route)) = feed.first() {
+                settings::mqtt_receiver(r, route)
+                    .validate(&s)
+                    .map_err(refused)?;
+            }
+            Ok(())
+        }
         Transport::Sqs => Err(unsupported(session)),
     }
 }
