@@ -1,7 +1,8 @@
 //! `ferry-agent run`: load and validate the configuration (exit 2 on a problem, before any
 //! connection), start the bridge and the admin listener, wait for SIGTERM / SIGINT, shut down
-//! gracefully, exit 0. With `--control-plane`, the bridges come from the control plane instead
-//! ([`managed`]).
+//! gracefully, exit 0. SIGHUP reads the file again and applies it as a live change
+//! ([`Bridge::apply`]); a file that does not load or validate is logged and ignored. With
+//! `--control-plane`, the bridges come from the control plane instead ([`managed`]).
 
 mod managed;
 
@@ -38,7 +39,7 @@ pub fn main(args: &RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_INVALID);
         }
     };
-    block_on(serve(args, valid))
+    block_on(serve(args, config, valid))
 }
 
 /// Runs `serve` on a multi-threaded runtime; an error exits 1.
@@ -63,13 +64,15 @@ fn block_on(serve: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
     }
 }
 
-async fn serve(args: &RunArgs, valid: ValidConfig) -> anyhow::Result<()> {
+async fn serve(args: &RunArgs, config: &std::path::Path, valid: ValidConfig) -> anyhow::Result<()> {
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
     // Before any store is opened; held until this function returns.
-    let locks = datadir::lock(&datadir::sqlite_dirs(&valid), &agent_id)?;
-    for dir in locks.dirs() {
+    let mut locks = vec![datadir::lock(&datadir::sqlite_dirs(&valid), &agent_id)?];
+    for dir in locks.iter().flat_map(|l| l.dirs()) {
         tracing::debug!(dir = %dir.display(), "data directory locked");
     }
+    // Before the bridge starts: a SIGHUP must never find the default action (exit).
+    let mut signals = Signals::install()?;
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
     // Bind first: a taken port is an error before any broker connection.
@@ -86,7 +89,7 @@ async fn serve(args: &RunArgs, valid: ValidConfig) -> anyhow::Result<()> {
         metrics: Arc::clone(&metrics),
         readiness: readiness.clone(),
     };
-    let bridge = Bridge::start(&valid, deps)
+    let mut bridge = Bridge::start(&valid, deps)
         .await
         .context("starting the bridge")?;
     let admin_stop = CancellationToken::new();
@@ -107,7 +110,9 @@ async fn serve(args: &RunArgs, valid: ValidConfig) -> anyhow::Result<()> {
         None => None,
     };
     tracing::info!(bridge = %valid.bridge_id(), agent = %agent_id, "bridge running");
-    wait_for_signal().await?;
+    while signals.next().await == Signal::Reload {
+        reload(config, &agent_id, &mut bridge, &mut locks).await;
+    }
     tracing::info!(grace = ?bridge.grace(), "shutting down");
     bridge.shutdown().await;
     admin_stop.cancel();
@@ -123,15 +128,90 @@ async fn serve(args: &RunArgs, valid: ValidConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM"),
-        _ = int.recv() => tracing::info!("SIGINT"),
+/// SIGHUP: the file is read and validated again; a valid new version is applied as a diff.
+/// Nothing changes when it does not load or validate, or cannot be applied.
+async fn reload(
+    path: &std::path::Path,
+    agent_id: &str,
+    bridge: &mut Bridge,
+    locks: &mut Vec<datadir::DataDirLocks>,
+) {
+    let new = match check_file(path, &ProcessEnv) {
+        Ok(new) => new,
+        Err(CheckError::Load(e)) => {
+            tracing::error!(file = %path.display(), error = %e, "SIGHUP: cannot load the configuration; the running version keeps going");
+            return;
+        }
+        Err(CheckError::Invalid(errors)) => {
+            for e in &errors {
+                tracing::error!(file = %path.display(), error = %e, "SIGHUP: invalid configuration");
+            }
+            tracing::error!(
+                errors = errors.len(),
+                "SIGHUP: configuration ignored; the running version keeps going"
+            );
+            return;
+        }
+    };
+    // A store moved to a new directory: lock it before it is opened (held until exit).
+    let held: Vec<std::path::PathBuf> = locks
+        .iter()
+        .flat_map(|l| l.dirs().map(std::path::Path::to_path_buf))
+        .collect();
+    let fresh: Vec<std::path::PathBuf> = datadir::sqlite_dirs(&new)
+        .into_iter()
+        .filter(|d| !held.contains(d))
+        .collect();
+    if !fresh.is_empty() {
+        match datadir::lock(&fresh, agent_id) {
+            Ok(l) => locks.push(l),
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: cannot lock a new data directory; the running version keeps going");
+                return;
+            }
+        }
     }
-    Ok(())
+    match bridge.apply(&new).await {
+        Ok(report) if report.diff.is_empty() => {
+            tracing::info!("SIGHUP: configuration unchanged");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "SIGHUP: cannot apply the configuration; the running version keeps going");
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Signal {
+    Stop,
+    Reload,
+}
+
+/// The signals `run` answers: SIGTERM and SIGINT stop, SIGHUP reloads.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            hup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
+        })
+    }
+
+    async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.term.recv() => { tracing::info!("SIGTERM"); Signal::Stop }
+            _ = self.int.recv() => { tracing::info!("SIGINT"); Signal::Stop }
+            _ = self.hup.recv() => { tracing::info!("SIGHUP: reloading the configuration"); Signal::Reload }
+        }
+    }
 }
 
 fn default_agent_id() -> String {

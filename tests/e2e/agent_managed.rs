@@ -234,8 +234,8 @@ async fn managed_agent_runs_applied_configs_and_nacks_what_it_cannot_run() -> an
     flows(&broker, &out, N..2 * N, 2 * N).await?;
 
     // One that fails only once the old version stopped (its DLQ's directory
-    // does not exist, so nothing to lock): NACKed, and the last good version
-    // started again.
+    // does not exist, so nothing to lock; a change of stores restarts the
+    // whole bridge): NACKed, and the last good version started again.
     let missing = dir.path().join("missing/dlq.db").display().to_string();
     apply(
         &cp,
@@ -255,7 +255,7 @@ async fn managed_agent_runs_applied_configs_and_nacks_what_it_cannot_run() -> an
     assert!(nack.nack_error.contains("starting the bridge"), "{nack:?}");
     running(&cp, &agent, &id, "edge", 1).await?;
     let log = agent.process.stderr();
-    assert!(log.contains("last good version running again"), "{log}");
+    assert!(log.contains("the previous one starts again"), "{log}");
     flows(&broker, &out, 2 * N..3 * N, 3 * N).await?;
 
     // Every message delivered once, and accounted for.

@@ -13,6 +13,7 @@ mod agent_failures;
 mod agent_figures;
 mod agent_ingress;
 mod agent_managed;
+mod agent_reload;
 mod agent_support;
 mod agent_visibility;
 mod control_plane;

@@ -130,9 +130,9 @@ impl Bridges {
     }
 
     /// Runs `version` of `bridge` (the document `yaml`, as pushed): checks
-    /// it, stops the version running now, starts the new one and caches it.
-    /// On an error the last good version runs again. A version already
-    /// running is left alone.
+    /// it, applies it to the running bridge as a diff (or starts it) and
+    /// caches it. On an error the last good version keeps running. A version
+    /// already running is left alone.
     pub async fn apply_version(
         &mut self,
         bridge: &str,
@@ -150,35 +150,41 @@ impl Bridges {
             });
         }
         self.lock_dirs(&valid)?;
-        let previous = self.stop(bridge).await;
-        match Bridge::start(&valid, self.deps.clone()).await {
-            Ok(started) => {
-                let cached = Cached {
-                    version,
-                    yaml: yaml.to_owned(),
-                };
-                if let Err(error) = self.cache.store(bridge, &cached) {
-                    // It runs; only a start without the control plane would
-                    // miss it, and the next ACKed version is cached again.
-                    tracing::error!(%bridge, version, %error, "cannot cache the configuration");
-                }
-                self.insert(bridge, version, yaml.to_owned(), valid, started);
-                Ok(())
-            }
-            Err(error) => {
-                if let Some((old_version, old_yaml, old_valid)) = previous {
-                    match Bridge::start(&old_valid, self.deps.clone()).await {
-                        Ok(started) => {
-                            tracing::info!(%bridge, version = old_version, "last good version running again");
-                            self.insert(bridge, old_version, old_yaml, old_valid, started);
-                        }
-                        Err(again) => {
-                            tracing::error!(%bridge, version = old_version, error = %again, "the last good version does not start again; the bridge is stopped");
-                        }
-                    }
-                }
-                Err(ApplyError::Start(error))
-            }
+        if let Some(running) = self.running.get_mut(bridge) {
+            // A new version of a running bridge is applied as a diff (ADR
+            // 0005): what did not change keeps running; on an error the
+            // bridge puts back what it stopped and the last good version
+            // keeps running.
+            running
+                .bridge
+                .apply(&valid)
+                .await
+                .map_err(ApplyError::Start)?;
+            running.version = version;
+            running.yaml = yaml.to_owned();
+            running.valid = valid;
+            self.cache(bridge, version, yaml);
+            self.publish();
+            return Ok(());
+        }
+        let started = Bridge::start(&valid, self.deps.clone())
+            .await
+            .map_err(ApplyError::Start)?;
+        self.cache(bridge, version, yaml);
+        self.insert(bridge, version, yaml.to_owned(), valid, started);
+        Ok(())
+    }
+
+    /// Caches an ACKed version (a failure is logged: the bridge runs; only a
+    /// start without the control plane would miss it, and the next ACKed
+    /// version is cached again).
+    fn cache(&self, bridge: &str, version: u64, yaml: &str) {
+        let cached = Cached {
+            version,
+            yaml: yaml.to_owned(),
+        };
+        if let Err(error) = self.cache.store(bridge, &cached) {
+            tracing::error!(%bridge, version, %error, "cannot cache the configuration");
         }
     }
 

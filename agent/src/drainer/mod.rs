@@ -226,8 +226,13 @@ impl Drainer {
             loop {
                 let mut lost = lease.clone();
                 let lost = async move {
-                    // An error means the keeper is gone: stop too.
-                    let _ = lost.wait_for(|v| *v != Some(version)).await;
+                    // The keeper ends only at shutdown, still holding the
+                    // lease (released after this loop): the shutdown branch
+                    // lets the cycle finish. Treating its end as a loss
+                    // would claim again under the same version, forever.
+                    if lost.wait_for(|v| *v != Some(version)).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
                 };
                 tokio::pin!(lost);
                 let mut cycle = Box::pin(self.cycle(version, &shutdown));

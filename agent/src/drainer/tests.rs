@@ -531,3 +531,42 @@ async fn a_dead_letter_whose_completion_failed_is_counted_once() {
     assert_eq!(stats.total, 1);
     assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
 }
+
+#[tokio::test]
+async fn shutdown_during_a_cycle_lets_it_finish_and_releases_the_lease() {
+    // The lease keeper ends first at shutdown; the drain loop must not take
+    // that for a lease loss (it would claim again under the same version
+    // until aborted, and the lease would never be released). Which of the
+    // two sees the shutdown first varies (`join!` rotates): try a few times.
+    for _ in 0..10 {
+        let f = fixture(None, true, (5, Duration::from_secs(900)));
+        append(&f, "x", 0..5).await;
+        f.faults.hold.store(true, Ordering::SeqCst);
+        let Ok(drainer) = Arc::try_unwrap(f.drainer) else {
+            panic!("the fixture's drainer has one owner")
+        };
+        let leases = Arc::clone(&drainer.leases);
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(drainer.run(shutdown.clone()));
+        f.faults.entered.notified().await;
+        shutdown.cancel();
+        // The drainer sees the shutdown while its completion is still held.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        f.faults.release.notify_one();
+        tokio::time::timeout(Duration::from_secs(5), run)
+            .await
+            .expect("the drainer stops within its grace period")
+            .expect("the drainer task");
+        assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
+        let other = leases
+            .acquire(P, "other", Duration::from_secs(15), SystemTime::now())
+            .await
+            .expect("acquire");
+        assert!(
+            matches!(other, crate::stores::Acquired::Granted(_)),
+            "released: {other:?}"
+        );
+    }
+}

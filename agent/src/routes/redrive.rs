@@ -4,7 +4,7 @@
 //! deletes the entry only after this returned `Ok` (durable).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use tokio::sync::Notify;
@@ -32,10 +32,12 @@ pub(crate) enum Target {
     },
 }
 
-/// The redrive targets of one bridge, by route.
+/// The redrive targets of one bridge, by route. The runtime replaces a
+/// route's target when the route starts again and removes it when the route
+/// stops (a live configuration change).
 pub struct Redrive {
     bridge_id: String,
-    targets: HashMap<String, Target>,
+    targets: Mutex<HashMap<String, Arc<Target>>>,
 }
 
 impl std::fmt::Debug for Redrive {
@@ -47,8 +49,21 @@ impl std::fmt::Debug for Redrive {
 }
 
 impl Redrive {
-    pub(crate) fn new(bridge_id: String, targets: HashMap<String, Target>) -> Self {
-        Self { bridge_id, targets }
+    pub(crate) fn new(bridge_id: String) -> Self {
+        Self {
+            bridge_id,
+            targets: Mutex::default(),
+        }
+    }
+
+    /// Sets where `route`'s redriven messages go (`None`: the route is not
+    /// running here).
+    pub(crate) fn set_target(&self, route: &str, target: Option<Target>) {
+        let mut targets = self.targets.lock().unwrap_or_else(PoisonError::into_inner);
+        match target {
+            Some(t) => targets.insert(route.to_owned(), Arc::new(t)),
+            None => targets.remove(route),
+        };
     }
 
     /// Puts `entry`'s envelope back on its binding; `Ok` once that is durable
@@ -62,12 +77,15 @@ impl Redrive {
         }
         let target = self
             .targets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
             .get(&entry.route_id)
+            .cloned()
             .ok_or_else(|| format!("route {} is not running here", entry.route_id))?;
         // The message is delivered afresh: its old expiry does not apply.
         let mut envelope = entry.envelope.clone();
         envelope.expires_at = None;
-        match target {
+        match &*target {
             Target::Outbox {
                 partition,
                 outbox,

@@ -23,7 +23,7 @@ use ferry_agent::metrics::Metrics;
 use ferry_agent::runtime::Deps;
 use tokio_util::sync::CancellationToken;
 
-use super::{default_agent_id, wait_for_signal};
+use super::{Signal, Signals, default_agent_id};
 use crate::cli::RunArgs;
 
 /// Runs a managed agent until a signal.
@@ -42,6 +42,8 @@ pub(super) async fn serve(args: &RunArgs) -> anyhow::Result<()> {
     let data_dir = data_dir
         .canonicalize()
         .with_context(|| format!("data directory {}", data_dir.display()))?;
+    // Before anything starts: a SIGHUP must never find the default action (exit).
+    let mut signals = Signals::install()?;
     // Held until the process ends (the bridges own it).
     let lock = datadir::lock(std::slice::from_ref(&data_dir), &agent_id)?;
     let cache = ConfigCache::open(&data_dir)?;
@@ -82,7 +84,11 @@ pub(super) async fn serve(args: &RunArgs) -> anyhow::Result<()> {
     tracing::info!(agent = %agent_id, control_plane = %endpoint, data_dir = %data_dir.display(), "managed agent starting");
     let stop = CancellationToken::new();
     let agent = tokio::spawn(control::run(endpoint, identity, bridges, stop.clone()));
-    let signal = wait_for_signal().await;
+    while signals.next().await == Signal::Reload {
+        tracing::info!(
+            "SIGHUP ignored: a managed agent's configurations come from the control plane"
+        );
+    }
     tracing::info!("shutting down");
     stop.cancel();
     if let Err(error) = agent.await {
@@ -97,5 +103,5 @@ pub(super) async fn serve(args: &RunArgs) -> anyhow::Result<()> {
         }
     }
     tracing::info!("stopped");
-    signal
+    Ok(())
 }
