@@ -88,6 +88,7 @@ async fn serve(args: &RunArgs, config: &std::path::Path, valid: ValidConfig) -> 
         agent_id: agent_id.clone(),
         metrics: Arc::clone(&metrics),
         readiness: readiness.clone(),
+        control_plane: None,
     };
     let mut bridge = Bridge::start(&valid, deps)
         .await

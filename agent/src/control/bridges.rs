@@ -276,6 +276,7 @@ mod tests {
             agent_id: "test".to_owned(),
             metrics: Arc::new(Metrics::new()),
             readiness: Readiness::default(),
+            control_plane: None,
         };
         Ok(Bridges::new(deps, ConfigCache::open(&data)?, data, lock))
     }

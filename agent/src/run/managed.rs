@@ -61,6 +61,7 @@ pub(super) async fn serve(args: &RunArgs) -> anyhow::Result<()> {
         agent_id: agent_id.clone(),
         metrics: Arc::clone(&metrics),
         readiness: readiness.clone(),
+        control_plane: Some(endpoint.clone()),
     };
     // Before the admin listener serves: not ready until the cache is run.
     let bridges = Bridges::new(deps, cache, data_dir.clone(), lock);

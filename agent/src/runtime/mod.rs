@@ -60,6 +60,9 @@ pub struct Deps {
     pub metrics: Arc<Metrics>,
     /// Where the bridge reports readiness.
     pub readiness: Readiness,
+    /// The control plane the agent is managed by (`--control-plane`): the
+    /// endpoint of `control_plane` stores that name none.
+    pub control_plane: Option<String>,
 }
 
 /// Why a bridge, or a new version of it, could not start.

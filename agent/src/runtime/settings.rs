@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_shared::config::store::{
-    SqliteOptions as SqliteConfig, SqliteOutboxOptions, SqliteSynchronous,
+    ControlPlaneOptions, SqliteOptions as SqliteConfig, SqliteOutboxOptions, SqliteSynchronous,
 };
 use ferry_shared::config::{
     DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, ProtocolVersion, Route, Session,
@@ -122,6 +122,14 @@ fn sqlite_outbox(o: &SqliteOutboxOptions, stale: Duration) -> SqliteOptions {
     options
 }
 
+/// A `control_plane` store's options with its endpoint defaulted to the
+/// control plane the agent is managed by.
+fn endpoint(o: &ControlPlaneOptions, managed_by: Option<&str>) -> ControlPlaneOptions {
+    ControlPlaneOptions {
+        endpoint: o.endpoint.clone().or_else(|| managed_by.map(str::to_owned)),
+    }
+}
+
 fn unsupported(store: &str, kind: &str) -> BuildError {
     BuildError::Unsupported(format!(
         "stores.{store}: type {kind} is not supported by this agent yet"
@@ -147,30 +155,37 @@ pub(super) async fn outbox(
     }
 }
 
-/// Opens the lease store.
-pub(super) async fn lease(c: &LeaseStoreConfig) -> Result<Arc<dyn LeaseStore>, BuildError> {
+/// Opens the lease store; `managed_by` is the endpoint of a `control_plane`
+/// store that names none.
+pub(super) async fn lease(
+    c: &LeaseStoreConfig,
+    managed_by: Option<&str>,
+) -> Result<Arc<dyn LeaseStore>, BuildError> {
     match c {
         LeaseStoreConfig::Memory(_) => Ok(Arc::new(MemoryLeaseStore::new())),
         LeaseStoreConfig::Sqlite(o) => SqliteLeaseStore::open(sqlite(o))
             .await
             .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
             .map_err(|e| open_failed("lease", &o.path, e)),
-        LeaseStoreConfig::ControlPlane(o) => ControlPlaneLeaseStore::open(o)
+        LeaseStoreConfig::ControlPlane(o) => ControlPlaneLeaseStore::open(&endpoint(o, managed_by))
             .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
             .map_err(|e| BuildError::Store(e.to_string())),
         other => Err(unsupported("lease", other.type_name())),
     }
 }
 
-/// Opens the DLQ.
-pub(super) async fn dlq(c: &DlqStoreConfig) -> Result<Arc<dyn DlqStore>, BuildError> {
+/// Opens the DLQ; `managed_by` as for [`lease`].
+pub(super) async fn dlq(
+    c: &DlqStoreConfig,
+    managed_by: Option<&str>,
+) -> Result<Arc<dyn DlqStore>, BuildError> {
     match c {
         DlqStoreConfig::Memory(_) => Ok(Arc::new(MemoryDlqStore::new())),
         DlqStoreConfig::Sqlite(o) => SqliteDlqStore::open(sqlite(o))
             .await
             .map(|s| Arc::new(s) as Arc<dyn DlqStore>)
             .map_err(|e| open_failed("dlq", &o.path, e)),
-        DlqStoreConfig::ControlPlane(o) => ControlPlaneDlqStore::open(o)
+        DlqStoreConfig::ControlPlane(o) => ControlPlaneDlqStore::open(&endpoint(o, managed_by))
             .map(|s| Arc::new(s) as Arc<dyn DlqStore>)
             .map_err(|e| BuildError::Store(e.to_string())),
         other => Err(unsupported("dlq", other.type_name())),

@@ -39,13 +39,16 @@ pub(crate) async fn open(valid: &ValidConfig, deps: &Deps) -> Result<Stores, Bui
     };
     let leases = match &valid.stores.lease {
         Some(c) => Some(observed::lease(
-            settings::lease(c).await?,
+            settings::lease(c, deps.control_plane.as_deref()).await?,
             observer("lease"),
         )),
         None => None,
     };
     let dlq = match &valid.stores.dlq {
-        Some(c) => Some(observed::dlq(settings::dlq(c).await?, observer("dlq"))),
+        Some(c) => Some(observed::dlq(
+            settings::dlq(c, deps.control_plane.as_deref()).await?,
+            observer("dlq"),
+        )),
         None => None,
     };
     Ok(Stores {

@@ -42,7 +42,12 @@ impl ControlPlaneLeaseStore {
     }
 }
 
+/// The request's ttl; a zero one is refused here, as the control plane would
+/// (the answer could otherwise lose the race with a zero wait).
 fn ttl(ttl: Duration) -> StoreResult<prost_types::Duration> {
+    if ttl.is_zero() {
+        return Err(StoreError::Invalid("the lease ttl must be positive".into()));
+    }
     prost_types::Duration::try_from(ttl)
         .map_err(|_| StoreError::Invalid(format!("ttl {ttl:?} is out of range")))
 }

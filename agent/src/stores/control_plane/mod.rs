@@ -92,7 +92,7 @@ pub(crate) fn store_error(service: Service, status: &tonic::Status) -> StoreErro
 pub(crate) fn channel(store: &str, options: &ControlPlaneOptions) -> Result<Channel, StoreError> {
     let Some(url) = options.endpoint.as_deref() else {
         return Err(StoreError::Invalid(format!(
-            "stores.{store}.options.endpoint must be set: a control_plane store does not yet default to the control plane the agent is managed by"
+            "stores.{store}.options.endpoint must be set when the agent is not managed by a control plane (--control-plane)"
         )));
     };
     let bad = |e: &dyn std::fmt::Display| {
