@@ -17,13 +17,16 @@
 //! take back a tail of unsynced commits, never one from before an
 //! acknowledged durable write.
 //!
-//! **Unsynced and synced jobs commit in separate transactions** when both are
-//! waiting (the unsynced ones first). Besides keeping drain commits free of
-//! fsyncs, this keeps the drainer's completions — which free room — from
-//! sharing a transaction with appends that may not fit: when the store is
-//! full (disk, `max_size_bytes`) SQLite rolls back the whole transaction, and
-//! mixed groups would take every completion back with the append, so room
-//! would never come back.
+//! **After the store was found full, unsynced and synced jobs commit in
+//! separate transactions** (the unsynced ones first) for
+//! [`SPLIT_AFTER_FULL`]. When the store is full (disk, `max_size_bytes`)
+//! SQLite rolls back the whole transaction, so a group mixing the drainer's
+//! completions — which free room — with an append that does not fit would
+//! take the completions back too, and room would never come back. On the
+//! happy path everything waiting shares one transaction, as before (one
+//! commit, one fsync per group): no second commit per group where nothing
+//! needs it.
+//!
 //! When the queue is empty after a group, the thread gives free pages back
 //! to the file system if they are worth it ([`super::vacuum`]), between
 //! groups, never inside one.
@@ -57,6 +60,9 @@ const CHANNEL_CAPACITY: usize = 1024;
 /// Most jobs committed in one transaction, so one group cannot hold the
 /// write lock (and its callers) for long.
 const MAX_GROUP: usize = 512;
+/// How long after a group failed for lack of room the writer commits drain
+/// writes apart from durable writes (see the module notes).
+const SPLIT_AFTER_FULL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A unit of work run inside the group transaction.
 trait Job: Send {
@@ -181,6 +187,8 @@ impl Writer {
 fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, full: bool, commits: &AtomicU64) {
     // The connection starts as configured.
     let mut syncing = full;
+    // When a group last failed for lack of room.
+    let mut full_at: Option<std::time::Instant> = None;
     while let Some(first) = rx.blocking_recv() {
         let mut waiting = vec![first];
         while waiting.len() < MAX_GROUP {
@@ -191,11 +199,21 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, full: bool, commi
         }
         // Waiting jobs were sent concurrently: committing one kind before
         // the other reorders nothing any caller could have relied on.
-        let (synced, unsynced): (Vec<_>, Vec<_>) =
-            waiting.into_iter().partition(|job| job.synced());
-        for group in [unsynced, synced] {
-            if !group.is_empty() && commit_kind(&conn, group, full, &mut syncing) {
-                commits.fetch_add(1, Ordering::Relaxed);
+        let split = full_at.is_some_and(|at| at.elapsed() < SPLIT_AFTER_FULL);
+        let groups = if split {
+            let (synced, unsynced): (Vec<_>, Vec<_>) =
+                waiting.into_iter().partition(|job| job.synced());
+            vec![unsynced, synced]
+        } else {
+            vec![waiting]
+        };
+        for group in groups.into_iter().filter(|g| !g.is_empty()) {
+            match commit_kind(&conn, group, full, &mut syncing) {
+                Ok(()) => {
+                    commits.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(StoreError::Full(_)) => full_at = Some(std::time::Instant::now()),
+                Err(_) => {}
             }
         }
         if rx.is_empty() {
@@ -207,15 +225,14 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, full: bool, commi
     }
 }
 
-/// Commits a group of one kind (all synced or all unsynced), switching the
-/// connection's `synchronous` level first when needed; true when it
-/// committed.
+/// Commits a group, first switching the connection's `synchronous` level
+/// when needed (`FULL` when any job is synced); the group's outcome.
 fn commit_kind(
     conn: &Connection,
     group: Vec<Box<dyn Job>>,
     full: bool,
     syncing: &mut bool,
-) -> bool {
+) -> StoreResult<()> {
     let sync = full && group.iter().any(|job| job.synced());
     if sync != *syncing {
         // Set outside the transaction: SQLite refuses it inside one.
@@ -229,15 +246,15 @@ fn commit_kind(
                 for job in group {
                     job.answer(&Err(error.clone()));
                 }
-                return false;
+                return Err(error);
             }
         }
     }
     commit_group(conn, group)
 }
 
-/// Runs and answers one group; true when it committed.
-fn commit_group(conn: &Connection, mut group: Vec<Box<dyn Job>>) -> bool {
+/// Runs and answers one group; its outcome (`Ok` when it committed).
+fn commit_group(conn: &Connection, mut group: Vec<Box<dyn Job>>) -> StoreResult<()> {
     let outcome = run_group(conn, &mut group);
     if outcome.is_err() {
         // Nothing of the group may stay half-applied; a failed ROLLBACK
@@ -247,7 +264,7 @@ fn commit_group(conn: &Connection, mut group: Vec<Box<dyn Job>>) -> bool {
     for job in group {
         job.answer(&outcome);
     }
-    outcome.is_ok()
+    outcome
 }
 
 fn run_group(conn: &Connection, group: &mut [Box<dyn Job>]) -> StoreResult<()> {
@@ -380,7 +397,7 @@ mod tests {
             insert(1)(c)
         });
         let (after, mut after_answer) = job(insert(3));
-        assert!(!commit_group(&conn, vec![before, partial, after]));
+        assert!(commit_group(&conn, vec![before, partial, after]).is_err());
         assert_eq!(count(&conn), 0, "nothing of the group is applied");
         for answer in [&mut before_answer, &mut partial_answer, &mut after_answer] {
             assert!(answer.try_recv().expect("answered").is_err());
@@ -391,17 +408,17 @@ mod tests {
         let (first, mut first_answer) = job(insert(1));
         let (collide, mut collide_answer) = job(insert(1));
         let (last, mut last_answer) = job(insert(3));
-        assert!(commit_group(&conn, vec![first, collide, last]));
+        assert!(commit_group(&conn, vec![first, collide, last]).is_ok());
         assert_eq!(count(&conn), 2);
         assert_eq!(first_answer.try_recv().expect("answered").ok(), Some(1));
         assert!(collide_answer.try_recv().expect("answered").is_err());
         assert_eq!(last_answer.try_recv().expect("answered").ok(), Some(3));
     }
 
-    /// A completion (unsynced) waiting beside an append (synced) that does
-    /// not fit a full store commits on its own — before, SQLite's rollback
-    /// of the append took it back too, so room never came back — and the
-    /// append fails as `Full`.
+    /// Once an append was found not to fit, a completion (unsynced) waiting
+    /// beside another such append (synced) commits on its own — in one
+    /// transaction, SQLite's rollback of the append would take it back too,
+    /// so room would never come back — and the append fails as `Full`.
     #[test]
     fn a_full_store_does_not_take_drain_writes_back_with_an_append() {
         let dir = tempfile::tempdir().expect("temporary directory");
@@ -413,8 +430,21 @@ mod tests {
         .expect("schema");
         conn.execute("INSERT INTO t (x, pad) VALUES (1, zeroblob(20000))", [])
             .expect("room for one");
+        // Larger than the whole store: it can never fit.
+        let too_big = |x: i64| {
+            job(move |c: &Connection| {
+                c.execute("INSERT INTO t (x, pad) VALUES (?1, zeroblob(100000))", [x])
+                    .map_err(super::super::sql_error)
+            })
+        };
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>(4);
-        let (reply, mut deleted) = oneshot::channel();
+        let writer = std::thread::spawn(move || run(conn, rx, true, &AtomicU64::new(0)));
+        let (first, first_answer) = too_big(2);
+        tx.blocking_send(first).map_err(|_| ()).expect("queued");
+        let refused = first_answer.blocking_recv().expect("answered");
+        assert!(matches!(refused, Err(StoreError::Full(_))), "{refused:?}");
+
+        let (reply, deleted) = oneshot::channel();
         let delete = Box::new(TypedJob {
             synced: false,
             work: Some(|c: &Connection| {
@@ -424,18 +454,14 @@ mod tests {
             result: None,
             reply,
         });
-        // Larger than the whole store: it can never fit.
-        let (append, mut appended) = job(|c: &Connection| {
-            c.execute("INSERT INTO t (x, pad) VALUES (2, zeroblob(100000))", [])
-                .map_err(super::super::sql_error)
-        });
+        let (append, appended) = too_big(3);
         // The append goes first: sent together, the delete still commits.
-        tx.try_send(append).map_err(|_| ()).expect("queued");
-        tx.try_send(delete).map_err(|_| ()).expect("queued");
+        tx.blocking_send(append).map_err(|_| ()).expect("queued");
+        tx.blocking_send(delete).map_err(|_| ()).expect("queued");
         drop(tx);
-        run(conn, rx, true, &AtomicU64::new(0));
-        assert_eq!(deleted.try_recv().expect("answered").ok(), Some(1));
-        let refused = appended.try_recv().expect("answered");
+        writer.join().expect("writer thread");
+        assert_eq!(deleted.blocking_recv().expect("answered").ok(), Some(1));
+        let refused = appended.blocking_recv().expect("answered");
         assert!(matches!(refused, Err(StoreError::Full(_))), "{refused:?}");
     }
 }
