@@ -125,6 +125,14 @@ async fn ferryctl_apply_adds_changes_and_removes_routes_while_messages_flow() ->
         .wait_for(&s.output("g2"), N..N + M, DELIVERY)
         .await?;
     collector.wait_for(&s.output("n1"), 0..M, DELIVERY).await?;
+    // The added binding: no gap from the first message it carried on.
+    let counts = collector.counts();
+    let started = (0..N)
+        .find(|seq| counts.count(&s.output("g2"), *seq) > 0)
+        .unwrap_or(N);
+    let gaps = counts.missing(&s.output("g2"), started..N + M);
+    assert!(gaps.is_empty(), "g2 from {started}: missing {gaps:?}");
+    eprintln!("g2 carried the stream from sequence {started} of {N}");
 
     let bindings = [
         ("keep", "k1"),
@@ -243,7 +251,10 @@ async fn two_agents_one_bridge_only_the_lease_holder_drains_and_the_other_takes_
     let mut yaml = bridge.yaml();
     anyhow::ensure!(yaml.contains(sqlite_lease), "{yaml}");
     yaml = yaml
-        .replace(sqlite_lease, "  lease:\n    type: control_plane\n    options: {}\n")
+        .replace(
+            sqlite_lease,
+            "  lease:\n    type: control_plane\n    options: {}\n",
+        )
         .replace(
             &format!("client_id: {}-", bridge.run),
             &format!("client_id: {}-${{AGENT:-none}}-", bridge.run),
