@@ -25,14 +25,25 @@ const HEARTBEAT: Duration = Duration::from_millis(500);
 const N: u64 = 200;
 
 /// A `ferry-agent run --control-plane` process.
-struct ManagedAgent {
-    process: ChildProcess,
+pub(crate) struct ManagedAgent {
+    pub(crate) process: ChildProcess,
     port: u16,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl ManagedAgent {
-    fn start(endpoint: &str, data_dir: &Path, id: &str) -> anyhow::Result<Self> {
+    pub(crate) fn start(endpoint: &str, data_dir: &Path, id: &str) -> anyhow::Result<Self> {
+        Self::start_with_env(endpoint, data_dir, id, Vec::new())
+    }
+
+    /// Like [`Self::start`], with `env` added to the process's environment.
+    pub(crate) fn start_with_env(
+        endpoint: &str,
+        data_dir: &Path,
+        id: &str,
+        env: Vec<(String, String)>,
+    ) -> anyhow::Result<Self> {
         let port = free_port()?;
         let args = vec![
             "run".to_owned(),
@@ -47,33 +58,35 @@ impl ManagedAgent {
             "--admin-listen".to_owned(),
             format!("127.0.0.1:{port}"),
         ];
-        let process = Self::spawn(&args)?;
+        let process = Self::spawn(&args, &env)?;
         Ok(Self {
             process,
             port,
             args,
+            env,
         })
     }
 
-    fn spawn(args: &[String]) -> anyhow::Result<ChildProcess> {
+    fn spawn(args: &[String], env: &[(String, String)]) -> anyhow::Result<ChildProcess> {
+        let log = ("RUST_LOG".to_owned(), "info,ferry_agent=debug".to_owned());
         ChildProcess::spawn(
             project_bin("ferry-agent")?,
             args,
-            [("RUST_LOG", "info,ferry_agent=debug")],
+            std::iter::once(log).chain(env.iter().cloned()),
         )
     }
 
     async fn restart(&mut self) -> anyhow::Result<()> {
         self.process.terminate(TIMEOUT).await?;
-        self.process = Self::spawn(&self.args)?;
+        self.process = Self::spawn(&self.args, &self.env)?;
         Ok(())
     }
 
-    fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         http_get(self.port, "/readyz").is_ok_and(|(status, _)| status == 200)
     }
 
-    fn metrics(&self) -> anyhow::Result<Metrics> {
+    pub(crate) fn metrics(&self) -> anyhow::Result<Metrics> {
         let (_, body) = http_get(self.port, "/metrics")?;
         Ok(Metrics::parse(&body))
     }
@@ -88,7 +101,7 @@ fn document(bridge: &str, broker: &str, dlq: &str) -> String {
         .replace("address: out/topic", &format!("address: out/{bridge}"))
 }
 
-async fn ferryctl(cp: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
+pub(crate) async fn ferryctl(cp: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
     let output = tokio::process::Command::new(project_bin("ferryctl")?)
         .arg("--endpoint")
         .arg(cp.endpoint())
@@ -103,7 +116,12 @@ async fn ferryctl(cp: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-async fn apply(cp: &ControlPlane, dir: &Path, name: &str, yaml: &str) -> anyhow::Result<()> {
+pub(crate) async fn apply(
+    cp: &ControlPlane,
+    dir: &Path,
+    name: &str,
+    yaml: &str,
+) -> anyhow::Result<()> {
     let path = dir.join(name);
     std::fs::write(&path, yaml)?;
     let path = path.display().to_string();
@@ -112,7 +130,7 @@ async fn apply(cp: &ControlPlane, dir: &Path, name: &str, yaml: &str) -> anyhow:
 }
 
 /// The agent as the control plane's `GetAgent` shows it.
-async fn agent_info(cp: &ControlPlane, id: &str) -> anyhow::Result<pb::AgentInfo> {
+pub(crate) async fn agent_info(cp: &ControlPlane, id: &str) -> anyhow::Result<pb::AgentInfo> {
     let mut client = pb::agent_service_client::AgentServiceClient::new(cp.channel().await?);
     let response = client
         .get_agent(pb::GetAgentRequest {
@@ -127,7 +145,7 @@ async fn agent_info(cp: &ControlPlane, id: &str) -> anyhow::Result<pb::AgentInfo
 
 /// Waits until the agent ACKed `version` of its one bridge and is ready
 /// (every session of the bridge connected).
-async fn running(
+pub(crate) async fn running(
     cp: &ControlPlane,
     agent: &ManagedAgent,
     id: &str,

@@ -20,32 +20,32 @@ const DELIVERY: Duration = Duration::from_secs(60);
 /// A route of the test bridge: id, delivery mode, bindings, and where its egress session
 /// connects when not to B.
 #[derive(Default)]
-struct R {
-    id: &'static str,
-    shared_outbox: bool,
-    bindings: &'static [&'static str],
-    egress: Option<String>,
+pub(crate) struct R {
+    pub(crate) id: &'static str,
+    pub(crate) shared_outbox: bool,
+    pub(crate) bindings: &'static [&'static str],
+    pub(crate) egress: Option<String>,
 }
 
-struct Setup {
-    run: String,
-    a: String,
-    b: String,
-    dir: std::path::PathBuf,
+pub(crate) struct Setup {
+    pub(crate) run: String,
+    pub(crate) a: String,
+    pub(crate) b: String,
+    pub(crate) dir: std::path::PathBuf,
 }
 
 impl Setup {
-    fn input(&self, route: &str) -> String {
+    pub(crate) fn input(&self, route: &str) -> String {
         format!("{}/{route}/in", self.run)
     }
 
-    fn output(&self, binding: &str) -> String {
+    pub(crate) fn output(&self, binding: &str) -> String {
         format!("{}/out/{binding}", self.run)
     }
 
     /// The configuration with `routes`, each on an ingress session `{id}-in` (A) and an egress
     /// session `{id}-out` (B) of its own.
-    fn yaml(&self, routes: &[R]) -> String {
+    pub(crate) fn yaml(&self, routes: &[R]) -> String {
         let dir = self.dir.display();
         let y = format!(
             "bridge:\n  id: e2e\n\
@@ -115,7 +115,11 @@ impl Setup {
 }
 
 /// Publishes `seqs` to `topic` in chunks, paced so the stream spans the reload.
-async fn stream(url: String, topic: String, seqs: std::ops::Range<u64>) -> anyhow::Result<()> {
+pub(crate) async fn stream(
+    url: String,
+    topic: String,
+    seqs: std::ops::Range<u64>,
+) -> anyhow::Result<()> {
     let mut pace = tokio::time::interval(Duration::from_millis(50));
     let mut next = seqs.start;
     while next < seqs.end {
@@ -127,7 +131,7 @@ async fn stream(url: String, topic: String, seqs: std::ops::Range<u64>) -> anyho
     Ok(())
 }
 
-fn reconnects(m: &Metrics, session: &str) -> f64 {
+pub(crate) fn reconnects(m: &Metrics, session: &str) -> f64 {
     m.session("ferry_session_reconnects_total", session)
 }
 
@@ -147,7 +151,7 @@ async fn reload(agent: &mut Agent, needle: &str) -> anyhow::Result<()> {
 }
 
 /// Every binding: nothing in flight, the conservation law exactly.
-async fn conserved(agent: &Agent, bindings: &[(&str, &str)]) -> anyhow::Result<Metrics> {
+pub(crate) async fn conserved(agent: &Agent, bindings: &[(&str, &str)]) -> anyhow::Result<Metrics> {
     wait::until_ok(
         DELIVERY,
         "the conservation law with nothing in flight",

@@ -2,9 +2,9 @@
 //! each independent of the others.
 //!
 //! Invariants:
-//! - a bridge runs at most one version at a time: the old one is shut down
-//!   (gracefully) before the new one starts ([`Bridges::apply_version`], the
-//!   one place where a version replaces another);
+//! - a bridge runs at most one version at a time: a new version of a running
+//!   bridge is applied to it as a diff (ADR 0005), in
+//!   [`Bridges::apply_version`], the one place where a version replaces another;
 //! - a version that fails to start is refused and the last good version is
 //!   started again, so a refused push never leaves a bridge stopped that ran
 //!   before (unless its own restart fails, which is logged);
