@@ -81,7 +81,13 @@ pub(super) async fn serve(args: &RunArgs) -> anyhow::Result<()> {
     };
     tracing::info!(agent = %agent_id, control_plane = %endpoint, data_dir = %data_dir.display(), "managed agent starting");
     let stop = CancellationToken::new();
-    let agent = tokio::spawn(control::run(endpoint, identity, bridges, stop.clone()));
+    let agent = tokio::spawn(control::run(
+        endpoint,
+        identity,
+        bridges,
+        std::time::Duration::from_millis(args.metrics_interval_ms),
+        stop.clone(),
+    ));
     let signal = wait_for_signal().await;
     tracing::info!("shutting down");
     stop.cancel();
