@@ -18,7 +18,7 @@ use ferry_tests::{ChildProcess, Collector, Mosquitto, free_port, ids, project_bi
 
 use crate::control_plane::ControlPlane;
 
-const TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(15);
 /// The control plane's heartbeat interval in these tests (`ControlPlane::start`).
 const HEARTBEAT: Duration = Duration::from_millis(500);
 /// Messages per batch.
@@ -81,14 +81,14 @@ impl ManagedAgent {
 
 /// A one-route bridge from `in/#` to `out/<bridge>` on `broker`, its DLQ in
 /// SQLite at `dlq`.
-fn document(bridge: &str, broker: &str, dlq: &str) -> String {
+pub(crate) fn document(bridge: &str, broker: &str, dlq: &str) -> String {
     crate::ferryctl::document(bridge, 10)
         .replace("tcp://127.0.0.1:1883", broker)
         .replace(&format!("/tmp/{bridge}-dlq.db"), dlq)
         .replace("address: out/topic", &format!("address: out/{bridge}"))
 }
 
-async fn ferryctl(cp: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
+pub(crate) async fn ferryctl(cp: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
     let output = tokio::process::Command::new(project_bin("ferryctl")?)
         .arg("--endpoint")
         .arg(cp.endpoint())
@@ -103,7 +103,12 @@ async fn ferryctl(cp: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-async fn apply(cp: &ControlPlane, dir: &Path, name: &str, yaml: &str) -> anyhow::Result<()> {
+pub(crate) async fn apply(
+    cp: &ControlPlane,
+    dir: &Path,
+    name: &str,
+    yaml: &str,
+) -> anyhow::Result<()> {
     let path = dir.join(name);
     std::fs::write(&path, yaml)?;
     let path = path.display().to_string();
