@@ -186,6 +186,7 @@ async fn agent_metrics_reach_ferryctl_and_the_control_plane_metrics() -> anyhow:
         table.contains("fleet: 1 agents (1 connected), received 200, sent 200, dlq 0"),
         "{table}"
     );
+    watch_refreshes(&cp, &id).await?;
     let described = ferryctl(&cp, &["describe", "agent", &id]).await?;
     assert!(described.contains("metrics at:"), "{described}");
     assert!(described.contains("to-out"), "{described}");
@@ -210,6 +211,41 @@ async fn agent_metrics_reach_ferryctl_and_the_control_plane_metrics() -> anyhow:
     assert_eq!(out.counts().missing("out/edge", 0..N), Vec::<u64>::new());
     conserved(port, N).await?;
     process.terminate(TIMEOUT).await?;
+    Ok(())
+}
+
+/// `ferryctl get agents --watch` prints the table again every interval; off
+/// a terminal it clears no screen.
+async fn watch_refreshes(cp: &ControlPlane, id: &str) -> anyhow::Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(project_bin("ferryctl")?)
+        .arg("--endpoint")
+        .arg(cp.endpoint())
+        .args(["get", "agents", "--watch", "--interval", "1"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let (mut tables, mut rows) = (0, 0);
+    let read = async {
+        while tables < 2 {
+            let line = lines
+                .next_line()
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("ferryctl ended"))?;
+            anyhow::ensure!(!line.contains('\x1b'), "an escape off a terminal: {line:?}");
+            tables += usize::from(line.starts_with("fleet: 1 agents"));
+            rows += usize::from(line.starts_with(id));
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(TIMEOUT, read).await??;
+    assert_eq!(rows, 2, "one row per refresh");
+    child.kill().await?;
     Ok(())
 }
 

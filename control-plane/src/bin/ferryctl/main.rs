@@ -134,10 +134,13 @@ enum Get {
     /// Agents, the versions they run and their latest counters, then the
     /// fleet's totals.
     Agents {
-        /// Refresh every SECONDS (default 2) until interrupted.
-        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2",
+        /// Refresh in place every --interval until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between refreshes with --watch.
+        #[arg(long, value_name = "SECONDS", default_value_t = 2, requires = "watch",
               value_parser = clap::value_parser!(u64).range(1..))]
-        watch: Option<u64>,
+        interval: u64,
     },
     /// Leases and their fencing versions.
     Leases {
@@ -632,10 +635,14 @@ async fn get(channel: Channel, out: Format, what: Get) -> anyhow::Result<()> {
                 .context("the server returned no configuration")?;
             output::list(out, &RouteView::from_document(&stored.yaml)?)
         }
-        Get::Agents { watch: None } => agents(channel, out).await,
         Get::Agents {
-            watch: Some(seconds),
-        } => watch(seconds, out, || agents(channel.clone(), out)).await,
+            watch: false,
+            interval: _,
+        } => agents(channel, out).await,
+        Get::Agents {
+            watch: true,
+            interval,
+        } => watch(interval, out, || agents(channel.clone(), out)).await,
         Get::Leases { prefix } => {
             let client = LeaseServiceClient::new(channel);
             let leases = all_pages(|page_token| {
