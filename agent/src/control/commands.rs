@@ -123,3 +123,75 @@ async fn answer(
         tracing::debug!("the stream ended before the command's result");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn redrive(command_id: &str, bridge: &str) -> pb::Command {
+        pb::Command {
+            command_id: command_id.to_owned(),
+            kind: Some(pb::command::Kind::Redrive(pb::RedriveCommand {
+                entry: Some(pb::DlqEntry {
+                    id: "e1".to_owned(),
+                    bridge_id: bridge.to_owned(),
+                    route_id: "main".to_owned(),
+                    binding_id: "to-out".to_owned(),
+                    address: "out".to_owned(),
+                    envelope: Some(pb::Envelope {
+                        id: "m1".to_owned(),
+                        source: Some(pb::Source {
+                            received_at: Some(std::time::SystemTime::now().into()),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    reason: pb::DlqReason::PermanentError.into(),
+                    dead_lettered_at: Some(std::time::SystemTime::now().into()),
+                    ..Default::default()
+                }),
+            })),
+        }
+    }
+
+    async fn result(rx: &mut mpsc::Receiver<pb::AgentMessage>) -> pb::CommandResult {
+        let message = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        match message {
+            Ok(Some(pb::AgentMessage {
+                message: Some(Up::CommandResult(result)),
+            })) => result,
+            other => panic!("expected a command result, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_bridges_and_kinds_and_a_full_agent_are_clear_errors() {
+        let (_bridges, running) = watch::channel(BTreeMap::new());
+        let commands = Commands::new(running);
+        let (tx, mut rx) = mpsc::channel(4);
+
+        commands.spawn(redrive("c1", "ghost"), tx.clone());
+        let r = result(&mut rx).await;
+        assert_eq!(r.command_id, "c1");
+        assert!(!r.ok);
+        assert_eq!(r.error, r#"bridge "ghost" is not running here"#);
+
+        let unknown = pb::Command {
+            command_id: "c2".to_owned(),
+            kind: None,
+        };
+        commands.spawn(unknown, tx.clone());
+        let r = result(&mut rx).await;
+        assert!(!r.ok && r.error.contains("unknown command kind"), "{r:?}");
+
+        // Every permit taken: one more is refused at once, not queued.
+        let held = Arc::clone(&commands.permits).try_acquire_many_owned(MAX_COMMANDS as u32);
+        assert!(held.is_ok());
+        commands.spawn(redrive("c3", "ghost"), tx);
+        let r = result(&mut rx).await;
+        assert_eq!(r.command_id, "c3");
+        assert!(!r.ok && r.error.starts_with("agent busy"), "{r:?}");
+    }
+}
