@@ -58,6 +58,11 @@ pub struct RunArgs {
     /// variable: `FERRY_DATA_DIR` is what example configurations expand in their store paths.)
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// How often a managed agent sends its metrics snapshot (counters, outbox depth, lease
+    /// and session state) to the control plane, in milliseconds (like the control plane's
+    /// `--heartbeat-interval-ms`).
+    #[arg(long, env = "FERRY_METRICS_INTERVAL_MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub metrics_interval_ms: u64,
     /// Address of the admin listener: `/metrics`, `/healthz`, `/readyz` and, with `--config`,
     /// the local gRPC `DlqService`, e.g. `127.0.0.1:9090`. No admin listener when unset.
     #[arg(long)]

@@ -91,6 +91,10 @@ pub struct Metrics {
     store_errors: Family<StoreErrorLabels, Counter>,
     /// Every binding handed out, so snapshots can list them in order.
     bindings: Mutex<BTreeMap<BindingLabels, BindingMetrics>>,
+    /// Every route handed out, for the snapshots' lease state.
+    routes: Mutex<BTreeMap<RouteLabels, RouteMetrics>>,
+    /// Every session handed out, for the snapshots' session state.
+    sessions: Mutex<BTreeMap<SessionLabels, SessionMetrics>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -127,6 +131,8 @@ impl Metrics {
             session_reconnects: Family::default(),
             store_errors: Family::default(),
             bindings: Mutex::new(BTreeMap::new()),
+            routes: Mutex::new(BTreeMap::new()),
+            sessions: Mutex::new(BTreeMap::new()),
         };
         metrics.registry = metrics.registry_of_all();
         metrics
@@ -256,11 +262,15 @@ impl Metrics {
             bridge: bridge.to_owned(),
             route: route.to_owned(),
         };
-        RouteMetrics {
-            lease_held: self.lease_held.get_or_create_owned(&labels),
-            settle_latency: self.settle_latency.get_or_create_owned(&labels),
-            redelivered: self.redelivered.get_or_create_owned(&labels),
-        }
+        let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        routes
+            .entry(labels.clone())
+            .or_insert_with(|| RouteMetrics {
+                lease_held: self.lease_held.get_or_create_owned(&labels),
+                settle_latency: self.settle_latency.get_or_create_owned(&labels),
+                redelivered: self.redelivered.get_or_create_owned(&labels),
+            })
+            .clone()
     }
 
     /// The gauges of one session.
@@ -269,10 +279,14 @@ impl Metrics {
             bridge: bridge.to_owned(),
             session: session.to_owned(),
         };
-        SessionMetrics {
-            connected: self.session_connected.get_or_create_owned(&labels),
-            reconnects: self.session_reconnects.get_or_create_owned(&labels),
-        }
+        let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+        sessions
+            .entry(labels.clone())
+            .or_insert_with(|| SessionMetrics {
+                connected: self.session_connected.get_or_create_owned(&labels),
+                reconnects: self.session_reconnects.get_or_create_owned(&labels),
+            })
+            .clone()
     }
 
     /// The error counter of one store and error kind.
@@ -290,6 +304,31 @@ impl Metrics {
         bindings
             .iter()
             .map(|(labels, metrics)| (labels.clone(), metrics.counts()))
+            .collect()
+    }
+
+    /// Whether this agent holds each route's partition lease, ordered by
+    /// bridge and route.
+    pub fn lease_states(&self) -> Vec<(RouteLabels, bool)> {
+        let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        routes
+            .iter()
+            .map(|(labels, route)| (labels.clone(), route.lease_held.get() > 0))
+            .collect()
+    }
+
+    /// The state of every session, ordered by bridge and session.
+    pub fn session_states(&self) -> Vec<(SessionLabels, SessionState)> {
+        let sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+        sessions
+            .iter()
+            .map(|(labels, session)| {
+                let state = SessionState {
+                    connected: session.connected.get() > 0,
+                    reconnects: session.reconnects.get(),
+                };
+                (labels.clone(), state)
+            })
             .collect()
     }
 
@@ -435,6 +474,15 @@ impl BindingCounts {
     }
 }
 
+/// One session's state at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionState {
+    /// Its broker connection is up.
+    pub connected: bool,
+    /// Reconnections since the agent started.
+    pub reconnects: u64,
+}
+
 /// The gauges and histograms of one route.
 #[derive(Clone, Debug)]
 pub struct RouteMetrics {
@@ -500,6 +548,30 @@ mod tests {
         assert_eq!(counts.in_flight, 5);
         assert!(counts.is_conserved(), "{counts:?}");
         assert_eq!(counts.sent + counts.dead_lettered, 2);
+    }
+
+    #[test]
+    fn lease_and_session_states_are_listed_in_order() {
+        let metrics = Metrics::new();
+        metrics.route("b", "z").set_lease_held(true);
+        metrics.route("b", "a");
+        let session = metrics.session("b", "conn");
+        session.set_connected(true, false);
+        session.set_connected(false, false);
+        metrics.session("b", "conn").set_connected(true, true);
+        let leases: Vec<_> = metrics
+            .lease_states()
+            .into_iter()
+            .map(|(l, held)| (l.route, held))
+            .collect();
+        assert_eq!(leases, [("a".to_owned(), false), ("z".to_owned(), true)]);
+        let sessions = metrics.session_states();
+        assert_eq!(sessions.len(), 1);
+        let expected = SessionState {
+            connected: true,
+            reconnects: 1,
+        };
+        assert_eq!(sessions[0].1, expected);
     }
 
     #[test]

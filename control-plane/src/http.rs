@@ -1,6 +1,9 @@
 //! The control plane's HTTP listener: `GET /metrics` in Prometheus text
 //! format (the fleet's delivery counters summed over agents, per bridge,
-//! route and binding; outbox depth; agents connected) and `GET /healthz`.
+//! route and binding; outbox depth; agents connected; and each agent's own
+//! series from its latest snapshot, labelled `agent`: counters, outbox depth
+//! and oldest age, lease held, session connected and reconnects) and
+//! `GET /healthz`.
 //!
 //! The figures are rebuilt from the state store on every scrape, so every
 //! replica reports the same fleet.
@@ -63,6 +66,54 @@ mod names {
         "Outbox records pending or claimed, summed over agents.",
     );
     pub const AGENTS: (&str, &str) = ("ferry_agents", "Agents that sent a metrics snapshot.");
+    /// Per agent, from its latest snapshot.
+    pub const AGENT_COUNTERS: [(&str, &str); 7] = [
+        ("ferry_agent_received", "Messages received, on one agent."),
+        (
+            "ferry_agent_sent",
+            "Messages accepted by the destination, on one agent.",
+        ),
+        (
+            "ferry_agent_dropped",
+            "Messages dropped by policy, on one agent.",
+        ),
+        (
+            "ferry_agent_filtered",
+            "Messages discarded by a filter, on one agent.",
+        ),
+        (
+            "ferry_agent_expired",
+            "Messages expired before delivery, on one agent.",
+        ),
+        (
+            "ferry_agent_dead_lettered",
+            "Messages written to the DLQ, on one agent.",
+        ),
+        (
+            "ferry_agent_in_flight",
+            "Messages received and not yet settled, on one agent.",
+        ),
+    ];
+    pub const AGENT_OUTBOX_DEPTH: (&str, &str) = (
+        "ferry_agent_outbox_depth",
+        "Outbox records pending or claimed, on one agent.",
+    );
+    pub const AGENT_OLDEST_AGE: (&str, &str) = (
+        "ferry_agent_outbox_oldest_pending_age_seconds",
+        "Age of the oldest pending outbox record of a binding, on one agent.",
+    );
+    pub const AGENT_LEASE_HELD: (&str, &str) = (
+        "ferry_agent_lease_held",
+        "1 when the agent holds the route's partition lease.",
+    );
+    pub const AGENT_SESSION_CONNECTED: (&str, &str) = (
+        "ferry_agent_session_connected",
+        "1 while the agent's session is connected.",
+    );
+    pub const AGENT_SESSION_RECONNECTS: (&str, &str) = (
+        "ferry_agent_session_reconnects",
+        "Reconnections of the agent's session since the agent started.",
+    );
     pub const AGENTS_CONNECTED: (&str, &str) =
         ("ferry_agents_connected", "Agents whose stream is open.");
 }
@@ -72,6 +123,28 @@ struct BindingLabels {
     bridge: String,
     route: String,
     binding: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgentBindingLabels {
+    agent: String,
+    bridge: String,
+    route: String,
+    binding: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgentRouteLabels {
+    agent: String,
+    bridge: String,
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgentSessionLabels {
+    agent: String,
+    bridge: String,
+    session: String,
 }
 
 /// Serves HTTP on `listener` until `shutdown` resolves.
@@ -111,11 +184,18 @@ pub async fn render(store: &dyn StateStore) -> anyhow::Result<String> {
     let connected = agents_connected(store)
         .await
         .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
-    Ok(encode_totals(&fleet_totals(&snapshots, connected))?)
+    Ok(encode_totals(
+        &fleet_totals(&snapshots, connected),
+        &snapshots,
+    )?)
 }
 
-fn encode_totals(totals: &pb::GetTotalsResponse) -> Result<String, std::fmt::Error> {
+fn encode_totals(
+    totals: &pb::GetTotalsResponse,
+    snapshots: &[pb::MetricsSnapshot],
+) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
+    register_agents(&mut registry, snapshots);
     let counters: Vec<Family<BindingLabels, Counter>> = names::COUNTERS
         .iter()
         .map(|(name, help)| {
@@ -166,6 +246,86 @@ fn encode_totals(totals: &pb::GetTotalsResponse) -> Result<String, std::fmt::Err
     Ok(text)
 }
 
+/// Each agent's series, from its latest snapshot.
+fn register_agents(registry: &mut Registry, snapshots: &[pb::MetricsSnapshot]) {
+    let counters: Vec<Family<AgentBindingLabels, Counter>> = names::AGENT_COUNTERS
+        .iter()
+        .map(|(name, help)| {
+            let family = Family::<AgentBindingLabels, Counter>::default();
+            registry.register(*name, *help, family.clone());
+            family
+        })
+        .collect();
+    let depth = Family::<AgentBindingLabels, Gauge>::default();
+    let (name, help) = names::AGENT_OUTBOX_DEPTH;
+    registry.register(name, help, depth.clone());
+    let oldest = Family::<AgentBindingLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    let (name, help) = names::AGENT_OLDEST_AGE;
+    registry.register(name, help, oldest.clone());
+    let lease = Family::<AgentRouteLabels, Gauge>::default();
+    let (name, help) = names::AGENT_LEASE_HELD;
+    registry.register(name, help, lease.clone());
+    let connected = Family::<AgentSessionLabels, Gauge>::default();
+    let (name, help) = names::AGENT_SESSION_CONNECTED;
+    registry.register(name, help, connected.clone());
+    let reconnects = Family::<AgentSessionLabels, Counter>::default();
+    let (name, help) = names::AGENT_SESSION_RECONNECTS;
+    registry.register(name, help, reconnects.clone());
+
+    for snapshot in snapshots {
+        let agent = &snapshot.agent_id;
+        for route in &snapshot.routes {
+            let route_labels = AgentRouteLabels {
+                agent: agent.clone(),
+                bridge: route.bridge_id.clone(),
+                route: route.route_id.clone(),
+            };
+            lease
+                .get_or_create(&route_labels)
+                .set(i64::from(route.lease_held));
+            for binding in &route.bindings {
+                let labels = AgentBindingLabels {
+                    agent: agent.clone(),
+                    bridge: route.bridge_id.clone(),
+                    route: route.route_id.clone(),
+                    binding: binding.binding_id.clone(),
+                };
+                let c = binding.counters.unwrap_or_default();
+                let values = [
+                    c.received,
+                    c.sent,
+                    c.dropped,
+                    c.filtered,
+                    c.expired,
+                    c.dead_lettered,
+                    c.in_flight,
+                ];
+                for (family, value) in counters.iter().zip(values) {
+                    family.get_or_create(&labels).inc_by(value);
+                }
+                depth
+                    .get_or_create(&labels)
+                    .set(i64::try_from(binding.outbox_depth).unwrap_or(i64::MAX));
+                // Milliseconds to seconds; exact enough for an age.
+                #[allow(clippy::cast_precision_loss)]
+                let age = binding.oldest_pending_age_ms as f64 / 1000.0;
+                oldest.get_or_create(&labels).set(age);
+            }
+        }
+        for session in &snapshot.sessions {
+            let labels = AgentSessionLabels {
+                agent: agent.clone(),
+                bridge: session.bridge_id.clone(),
+                session: session.session_id.clone(),
+            };
+            connected
+                .get_or_create(&labels)
+                .set(i64::from(session.connected));
+            reconnects.get_or_create(&labels).inc_by(session.reconnects);
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -190,7 +350,37 @@ mod tests {
             agents: 2,
             agents_connected: 1,
         };
-        let text = encode_totals(&totals).unwrap();
+        let snapshot = pb::MetricsSnapshot {
+            agent_id: "a1".into(),
+            routes: vec![pb::RouteMetrics {
+                bridge_id: "b".into(),
+                route_id: "r".into(),
+                lease_held: true,
+                bindings: vec![pb::BindingMetrics {
+                    binding_id: "x".into(),
+                    counters: totals.bindings[0].counters,
+                    outbox_depth: 1,
+                    oldest_pending_age_ms: 1500,
+                }],
+                ..Default::default()
+            }],
+            sessions: vec![pb::SessionMetrics {
+                bridge_id: "b".into(),
+                session_id: "conn".into(),
+                connected: true,
+                reconnects: 2,
+            }],
+            ..Default::default()
+        };
+        let text = encode_totals(&totals, &[snapshot]).unwrap();
+        for line in [
+            r#"ferry_agent_sent_total{agent="a1",bridge="b",route="r",binding="x"} 4"#,
+            r#"ferry_agent_outbox_oldest_pending_age_seconds{agent="a1",bridge="b",route="r",binding="x"} 1.5"#,
+            r#"ferry_agent_lease_held{agent="a1",bridge="b",route="r"} 1"#,
+            r#"ferry_agent_session_reconnects_total{agent="a1",bridge="b",session="conn"} 2"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
         assert!(
             text.contains(r#"ferry_fleet_received_total{bridge="b",route="r",binding="x"} 5"#),
             "{text}"

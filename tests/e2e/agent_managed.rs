@@ -18,7 +18,7 @@ use ferry_tests::{ChildProcess, Collector, Mosquitto, free_port, ids, project_bi
 
 use crate::control_plane::ControlPlane;
 
-const TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(15);
 /// The control plane's heartbeat interval in these tests (`ControlPlane::start`).
 const HEARTBEAT: Duration = Duration::from_millis(500);
 /// Messages per batch.
@@ -94,7 +94,7 @@ impl ManagedAgent {
 
 /// A one-route bridge from `in/#` to `out/<bridge>` on `broker`, its DLQ in
 /// SQLite at `dlq`.
-fn document(bridge: &str, broker: &str, dlq: &str) -> String {
+pub(crate) fn document(bridge: &str, broker: &str, dlq: &str) -> String {
     crate::ferryctl::document(bridge, 10)
         .replace("tcp://127.0.0.1:1883", broker)
         .replace(&format!("/tmp/{bridge}-dlq.db"), dlq)

@@ -11,6 +11,7 @@ mod agent_delivery;
 mod agent_direct_hold;
 mod agent_failures;
 mod agent_figures;
+mod agent_fleet;
 mod agent_fleet_changes;
 mod agent_ingress;
 mod agent_managed;

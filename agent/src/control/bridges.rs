@@ -8,14 +8,18 @@
 //! - a version that fails to start is refused and the last good version is
 //!   started again, so a refused push never leaves a bridge stopped that ran
 //!   before (unless its own restart fails, which is logged);
-//! - only a running version is cached, and [`Bridges::running`] reports
+//! - only a running version is cached, and [`Bridges::versions`] reports
 //!   exactly what runs (for the Hello after a reconnect);
+//! - [`Bridges::handles`] lists exactly the running bridges, each with its
+//!   redrive entry point and its routes' delivery modes (for commands and
+//!   metrics snapshots, which run beside the applier);
 //! - the directories of a bridge's SQLite stores are locked for this agent
 //!   before any of its stores is opened, and stay locked until the process
 //!   ends (one agent per data directory, see [`crate::datadir`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use ferry_shared::config::{CheckError, ProcessEnv, ValidConfig, check_bytes};
 use tokio::sync::watch;
@@ -23,6 +27,8 @@ use tokio::sync::watch;
 use super::cache::{Cached, ConfigCache};
 use crate::datadir::{self, DataDirLocks};
 use crate::health::ReadinessCondition;
+use crate::metrics::Metrics;
+use crate::routes::Redrive;
 use crate::runtime::{Bridge, Deps};
 
 /// Why a version was refused; the bridge keeps its last good version.
@@ -57,6 +63,17 @@ impl ApplyError {
     }
 }
 
+/// What commands and metrics snapshots need of one running bridge.
+#[derive(Clone, Debug)]
+pub struct BridgeHandle {
+    /// The version it runs.
+    pub version: u64,
+    /// Puts a DLQ entry back on its binding.
+    pub redrive: Arc<Redrive>,
+    /// Route id → `direct_hold` or `shared_outbox`.
+    pub delivery_modes: BTreeMap<String, &'static str>,
+}
+
 struct Running {
     version: u64,
     yaml: String,
@@ -71,6 +88,7 @@ pub struct Bridges {
     running: BTreeMap<String, Running>,
     locks: BTreeMap<PathBuf, DataDirLocks>,
     versions: watch::Sender<BTreeMap<String, u64>>,
+    handles: watch::Sender<BTreeMap<String, BridgeHandle>>,
     /// Not ready until the cached bridges are started (or failed to).
     loading: Option<ReadinessCondition>,
 }
@@ -87,12 +105,23 @@ impl Bridges {
             running: BTreeMap::new(),
             locks: BTreeMap::from([(data_dir, lock)]),
             versions: watch::Sender::new(BTreeMap::new()),
+            handles: watch::Sender::new(BTreeMap::new()),
         }
     }
 
     /// The version each running bridge runs, kept up to date.
     pub fn versions(&self) -> watch::Receiver<BTreeMap<String, u64>> {
         self.versions.subscribe()
+    }
+
+    /// Every running bridge's handle, kept up to date.
+    pub fn handles(&self) -> watch::Receiver<BTreeMap<String, BridgeHandle>> {
+        self.handles.subscribe()
+    }
+
+    /// Where the bridges count.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.deps.metrics)
     }
 
     /// The version `bridge` runs, if any.
@@ -235,6 +264,26 @@ impl Bridges {
             .map(|(id, r)| (id.clone(), r.version))
             .collect();
         self.versions.send_replace(versions);
+        let handles = self
+            .running
+            .iter()
+            .map(|(id, r)| {
+                let delivery_modes = r
+                    .valid
+                    .config()
+                    .routes
+                    .iter()
+                    .map(|route| (route.id.clone(), route.delivery_mode.as_str()))
+                    .collect();
+                let handle = BridgeHandle {
+                    version: r.version,
+                    redrive: r.bridge.redrive(),
+                    delivery_modes,
+                };
+                (id.clone(), handle)
+            })
+            .collect();
+        self.handles.send_replace(handles);
     }
 
     /// Locks the directories of `valid`'s SQLite stores not locked yet.

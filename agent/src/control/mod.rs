@@ -8,7 +8,9 @@
 //! - [`bridges`]: bridge id → running bridge, one version at a time, the
 //!   last good one kept when a new one is refused;
 //! - [`cache`]: every ACKed configuration on disk, so the agent runs without
-//!   the control plane.
+//!   the control plane;
+//! - [`report`]: the metrics snapshot sent up the stream every interval;
+//! - [`commands`]: the control plane's commands (redrive), one task each.
 //!
 //! Invariants:
 //! - the cached bridges start before the first connection attempt, so an
@@ -23,6 +25,8 @@
 pub mod applier;
 pub mod bridges;
 pub mod cache;
+pub mod commands;
+pub mod report;
 pub mod stream;
 
 use std::time::Duration;
@@ -32,7 +36,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::routes::RetryBackoff;
 use bridges::Bridges;
-use stream::{Identity, Reached};
+use commands::Commands;
+use report::Reporter;
+use stream::{Identity, Reached, Upstream};
 
 /// Pushes and withdrawals queued for the applier.
 const WORK_BUFFER: usize = 16;
@@ -40,15 +46,26 @@ const WORK_BUFFER: usize = 16;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Runs the cached bridges, then keeps a stream open to `endpoint` until
-/// `shutdown` is cancelled; stops every bridge before returning.
+/// `shutdown` is cancelled, sending a metrics snapshot every
+/// `metrics_interval`; stops every bridge before returning.
 pub async fn run(
     endpoint: String,
     identity: Identity,
     mut bridges: Bridges,
+    metrics_interval: Duration,
     shutdown: CancellationToken,
 ) {
     bridges.start_cached().await;
     let versions = bridges.versions();
+    let upstream = Upstream {
+        reporter: Reporter::new(
+            identity.agent_id.clone(),
+            metrics_interval,
+            bridges.metrics(),
+            bridges.handles(),
+        ),
+        commands: Commands::new(bridges.handles()),
+    };
     let (work_tx, work_rx) = mpsc::channel(WORK_BUFFER);
     let applier = tokio::spawn(applier::run(bridges, work_rx));
     let mut heartbeat = stream::DEFAULT_HEARTBEAT;
@@ -59,6 +76,7 @@ pub async fn run(
             &identity,
             &versions,
             work_tx.clone(),
+            &upstream,
             &mut heartbeat,
             &shutdown,
         );

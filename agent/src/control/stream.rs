@@ -11,8 +11,11 @@
 //! - the agent sends a heartbeat every interval the control plane asks for
 //!   (10 s until it says), also while a bridge is being applied, and drops
 //!   the stream when nothing arrived for three intervals;
-//! - each kind of message is handled by its own function, so metrics
-//!   snapshots and commands join here without touching the rest.
+//! - a metrics snapshot goes up every `--metrics-interval` (the first one
+//!   right after the Hello), so a reconnected agent reports at once;
+//! - a command runs in a task of its own ([`super::commands`]): the loop
+//!   never waits for one;
+//! - each kind of message is handled by its own function.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -27,6 +30,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::applier::{Work, WorkKind};
+use super::commands::Commands;
+use super::report::Reporter;
 
 /// The heartbeat interval until the control plane says otherwise.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
@@ -42,6 +47,15 @@ pub struct Identity {
     pub agent_id: String,
     /// Its labels.
     pub labels: BTreeMap<String, String>,
+}
+
+/// What goes up the stream besides answers to pushes.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    /// The metrics snapshots.
+    pub reporter: Reporter,
+    /// The commands' runner.
+    pub commands: Commands,
 }
 
 /// How a stream ended.
@@ -68,6 +82,7 @@ pub enum StreamError {
 struct Stream {
     out: mpsc::Sender<pb::AgentMessage>,
     work: mpsc::Sender<Work>,
+    upstream: Upstream,
     interval: Duration,
     last_heard: Instant,
 }
@@ -89,6 +104,7 @@ pub async fn serve(
     identity: &Identity,
     versions: &watch::Receiver<BTreeMap<String, u64>>,
     work: mpsc::Sender<Work>,
+    upstream: &Upstream,
     heartbeat: &mut Duration,
     shutdown: &CancellationToken,
 ) -> (Reached, Result<(), StreamError>) {
@@ -112,6 +128,7 @@ pub async fn serve(
     let mut stream = Stream {
         out,
         work,
+        upstream: upstream.clone(),
         interval: *heartbeat,
         last_heard: Instant::now(),
     };
@@ -150,10 +167,16 @@ fn hello(identity: &Identity, versions: &BTreeMap<String, u64>) -> pb::AgentMess
 
 /// What this agent can run.
 fn capabilities() -> Vec<String> {
-    ["transport.mqtt", "store.memory", "store.sqlite"]
-        .into_iter()
-        .map(str::to_owned)
-        .collect()
+    [
+        "transport.mqtt",
+        "store.memory",
+        "store.sqlite",
+        "command.dlq_redrive",
+        "metrics",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect()
 }
 
 impl Stream {
@@ -163,6 +186,8 @@ impl Stream {
         shutdown: &CancellationToken,
     ) -> Result<(), StreamError> {
         let mut ticker = self.ticker();
+        let mut report = tokio::time::interval(self.upstream.reporter.interval);
+        report.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -178,6 +203,7 @@ impl Stream {
                     None => return Err(StreamError::Closed),
                 },
                 _ = ticker.tick() => self.heartbeat().await?,
+                _ = report.tick() => self.report().await?,
             }
         }
     }
@@ -197,7 +223,10 @@ impl Stream {
                 self.on_heartbeat(&heartbeat);
                 Ok(())
             }
-            Some(Down::Command(command)) => self.on_command(command).await,
+            Some(Down::Command(command)) => {
+                self.on_command(command);
+                Ok(())
+            }
         }
     }
 
@@ -217,16 +246,15 @@ impl Stream {
         }
     }
 
-    /// Commands are not run by this agent yet: each is answered as failed at
-    /// once, so the operator is not left waiting for a timeout.
-    async fn on_command(&mut self, command: pb::Command) -> Result<(), StreamError> {
-        tracing::warn!(command = %command.command_id, "command refused: this agent runs no commands");
-        self.send(Up::CommandResult(pb::CommandResult {
-            command_id: command.command_id,
-            ok: false,
-            error: "this agent does not run commands".to_owned(),
-        }))
-        .await
+    /// Starts the command's task; its result goes up this stream.
+    fn on_command(&mut self, command: pb::Command) {
+        tracing::info!(command = %command.command_id, "command received");
+        self.upstream.commands.spawn(command, self.out.clone());
+    }
+
+    async fn report(&mut self) -> Result<(), StreamError> {
+        let snapshot = self.upstream.reporter.snapshot();
+        self.send(Up::Metrics(snapshot)).await
     }
 
     async fn hand_over(&mut self, kind: WorkKind) -> Result<(), StreamError> {

@@ -84,7 +84,13 @@ pub(super) async fn serve(args: &RunArgs) -> anyhow::Result<()> {
     };
     tracing::info!(agent = %agent_id, control_plane = %endpoint, data_dir = %data_dir.display(), "managed agent starting");
     let stop = CancellationToken::new();
-    let agent = tokio::spawn(control::run(endpoint, identity, bridges, stop.clone()));
+    let agent = tokio::spawn(control::run(
+        endpoint,
+        identity,
+        bridges,
+        std::time::Duration::from_millis(args.metrics_interval_ms),
+        stop.clone(),
+    ));
     while signals.next().await == Signal::Reload {
         tracing::info!(
             "SIGHUP ignored: a managed agent's configurations come from the control plane"

@@ -21,6 +21,7 @@ macro_rules! outln {
 mod output;
 mod views;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -36,7 +37,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::output::Format;
 use crate::views::{
-    AgentView, ConfigView, DlqEntryView, LeaseView, RedriveView, RouteView, TotalsView, VersionView,
+    AgentBindingView, AgentView, ConfigView, DlqEntryView, LeaseView, RedriveView, RouteView,
+    TotalsView, VersionView,
 };
 
 /// Manage Ferry bridges, agents, leases and dead letters.
@@ -108,11 +110,15 @@ enum Command {
         #[command(subcommand)]
         action: Dlq,
     },
-    /// Fleet totals of the conservation counters, per route and binding.
+    /// Fleet totals of the conservation counters, per route and binding
+    /// (per agent with --by-agent), from the agents' latest snapshots.
     Metrics {
         /// Only this bridge.
         #[arg(long)]
         bridge: Option<String>,
+        /// One row per agent and binding instead of fleet totals.
+        #[arg(long)]
+        by_agent: bool,
     },
 }
 
@@ -125,8 +131,17 @@ enum Get {
         /// The configuration's bridge id.
         config: String,
     },
-    /// Agents and the versions they run.
-    Agents,
+    /// Agents, the versions they run and their latest counters, then the
+    /// fleet's totals.
+    Agents {
+        /// Refresh in place every --interval until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between refreshes with --watch.
+        #[arg(long, value_name = "SECONDS", default_value_t = 2, requires = "watch",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        interval: u64,
+    },
     /// Leases and their fencing versions.
     Leases {
         /// Only keys starting with this prefix.
@@ -356,37 +371,149 @@ async fn dispatch(channel: Channel, out: Format, command: Command) -> anyhow::Re
             Ok(())
         }
         Command::Dlq { action } => dlq(channel, out, action).await,
-        Command::Metrics { bridge } => {
-            let totals = MetricsServiceClient::new(channel)
-                .get_totals(pb::GetTotalsRequest {
-                    bridge_id: bridge.unwrap_or_default(),
+        Command::Metrics { bridge, by_agent } => metrics(channel, out, bridge, by_agent).await,
+    }
+}
+
+/// Every agent with its latest snapshot, then (tables) the fleet's totals.
+async fn agents(channel: Channel, out: Format) -> anyhow::Result<()> {
+    let client = AgentServiceClient::new(channel.clone());
+    let agents = all_pages(|page_token| {
+        let mut client = client.clone();
+        async move {
+            let page = client
+                .list_agents(pb::ListAgentsRequest {
+                    page_size: 0,
+                    page_token,
                 })
                 .await?
                 .into_inner();
-            let rows: Vec<TotalsView> = totals
-                .bindings
-                .into_iter()
-                .map(|b| {
-                    TotalsView::new(
-                        b.bridge_id,
-                        b.route_id,
-                        b.binding_id,
-                        b.counters.unwrap_or_default(),
-                        b.outbox_depth,
-                    )
-                })
-                .collect();
-            output::list(out, &rows)?;
-            if out == Format::Table {
-                outln!(
-                    "agents: {} ({} connected)",
-                    totals.agents,
-                    totals.agents_connected
-                )?;
-            }
-            Ok(())
+            Ok((page.agents, page.next_page_token))
+        }
+    })
+    .await?;
+    let mut metrics = MetricsServiceClient::new(channel);
+    let mut snapshots: HashMap<String, pb::MetricsSnapshot> = metrics
+        .list_metrics(pb::ListMetricsRequest::default())
+        .await?
+        .into_inner()
+        .snapshots
+        .into_iter()
+        .map(|s| (s.agent_id.clone(), s))
+        .collect();
+    let rows: Vec<AgentView> = agents
+        .into_iter()
+        .map(|a| {
+            let snapshot = snapshots.remove(&a.agent_id);
+            AgentView::with_metrics(a, snapshot)
+        })
+        .collect();
+    output::list(out, &rows)?;
+    if out == Format::Table {
+        let totals = metrics
+            .get_totals(pb::GetTotalsRequest::default())
+            .await?
+            .into_inner();
+        let f = totals.fleet.unwrap_or_default();
+        let depth: u64 = totals.bindings.iter().map(|b| b.outbox_depth).sum();
+        outln!(
+            "fleet: {} agents ({} connected), received {}, sent {}, dlq {}, in flight {}, depth {}",
+            totals.agents,
+            totals.agents_connected,
+            f.received,
+            f.sent,
+            f.dead_lettered,
+            f.in_flight,
+            depth
+        )?;
+    }
+    Ok(())
+}
+
+/// Runs `show` every `seconds` until Ctrl-C; clears the screen first when
+/// stdout is a terminal and the output a table (a pipe gets each refresh
+/// after the previous one).
+async fn watch<F, Fut>(seconds: u64, out: Format, mut show: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    use std::io::IsTerminal;
+    let clear = out == Format::Table && std::io::stdout().is_terminal();
+    let mut ticker = tokio::time::interval(std::time::Duration::from_secs(seconds));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            interrupted = tokio::signal::ctrl_c() => return Ok(interrupted?),
+            _ = ticker.tick() => {}
+        }
+        if clear {
+            out!("\x1b[2J\x1b[H")?;
+        }
+        show().await?;
+        if !clear {
+            outln!("")?;
         }
     }
+}
+
+/// `ferryctl metrics`: fleet totals per binding, or one row per agent and
+/// binding.
+async fn metrics(
+    channel: Channel,
+    out: Format,
+    bridge: Option<String>,
+    by_agent: bool,
+) -> anyhow::Result<()> {
+    let mut client = MetricsServiceClient::new(channel);
+    let bridge_id = bridge.unwrap_or_default();
+    if by_agent {
+        let snapshots = client
+            .list_metrics(pb::ListMetricsRequest { bridge_id })
+            .await?
+            .into_inner()
+            .snapshots;
+        let rows: Vec<AgentBindingView> = snapshots
+            .into_iter()
+            .flat_map(|s| {
+                let agent = s.agent_id.clone();
+                crate::views::AgentMetricsView::from(s)
+                    .bindings
+                    .into_iter()
+                    .map(move |figures| AgentBindingView {
+                        agent_id: agent.clone(),
+                        figures,
+                    })
+            })
+            .collect();
+        return output::list(out, &rows);
+    }
+    let totals = client
+        .get_totals(pb::GetTotalsRequest { bridge_id })
+        .await?
+        .into_inner();
+    let rows: Vec<TotalsView> = totals
+        .bindings
+        .into_iter()
+        .map(|b| {
+            TotalsView::new(
+                b.bridge_id,
+                b.route_id,
+                b.binding_id,
+                b.counters.unwrap_or_default(),
+                b.outbox_depth,
+            )
+        })
+        .collect();
+    output::list(out, &rows)?;
+    if out == Format::Table {
+        outln!(
+            "agents: {} ({} connected)",
+            totals.agents,
+            totals.agents_connected
+        )?;
+    }
+    Ok(())
 }
 
 /// Follows `next_page_token` from the first page to the last and returns
@@ -508,25 +635,14 @@ async fn get(channel: Channel, out: Format, what: Get) -> anyhow::Result<()> {
                 .context("the server returned no configuration")?;
             output::list(out, &RouteView::from_document(&stored.yaml)?)
         }
-        Get::Agents => {
-            let client = AgentServiceClient::new(channel);
-            let agents = all_pages(|page_token| {
-                let mut client = client.clone();
-                async move {
-                    let page = client
-                        .list_agents(pb::ListAgentsRequest {
-                            page_size: 0,
-                            page_token,
-                        })
-                        .await?
-                        .into_inner();
-                    Ok((page.agents, page.next_page_token))
-                }
-            })
-            .await?;
-            let rows: Vec<AgentView> = agents.into_iter().map(Into::into).collect();
-            output::list(out, &rows)
-        }
+        Get::Agents {
+            watch: false,
+            interval: _,
+        } => agents(channel, out).await,
+        Get::Agents {
+            watch: true,
+            interval,
+        } => watch(interval, out, || agents(channel.clone(), out)).await,
         Get::Leases { prefix } => {
             let client = LeaseServiceClient::new(channel);
             let leases = all_pages(|page_token| {
@@ -582,13 +698,24 @@ async fn describe(channel: Channel, out: Format, what: Describe) -> anyhow::Resu
             output::object(out, &ConfigView::new(config, true), ConfigView::pairs)
         }
         Describe::Agent { id } => {
-            let agent = AgentServiceClient::new(channel)
+            let agent = AgentServiceClient::new(channel.clone())
                 .get_agent(pb::GetAgentRequest { agent_id: id })
                 .await?
                 .into_inner()
                 .agent
                 .context("the server returned no agent")?;
-            output::object(out, &AgentView::from(agent), AgentView::pairs)
+            let snapshot = match MetricsServiceClient::new(channel)
+                .get_agent_metrics(pb::GetAgentMetricsRequest {
+                    agent_id: agent.agent_id.clone(),
+                })
+                .await
+            {
+                Ok(response) => response.into_inner().snapshot,
+                Err(status) if status.code() == tonic::Code::NotFound => None,
+                Err(status) => return Err(status.into()),
+            };
+            let view = AgentView::with_metrics(agent, snapshot);
+            output::object(out, &view, AgentView::pairs)
         }
     }
 }

@@ -156,6 +156,106 @@ pub struct AgentView {
     pub last_seen_at: String,
     pub disconnected_at: String,
     pub configs: Vec<AgentConfigView>,
+    /// From its latest metrics snapshot; `None` before its first one.
+    pub metrics: Option<AgentMetricsView>,
+}
+
+/// One agent's latest metrics snapshot, summed over its bindings, with its
+/// per-binding rows and sessions.
+#[derive(Debug, Default, Serialize)]
+pub struct AgentMetricsView {
+    pub captured_at: String,
+    pub received: u64,
+    pub sent: u64,
+    pub dropped: u64,
+    pub filtered: u64,
+    pub expired: u64,
+    pub dead_lettered: u64,
+    pub in_flight: u64,
+    pub outbox_depth: u64,
+    pub bindings: Vec<TotalsView>,
+    /// `bridge/route` of every route whose lease this agent holds.
+    pub leases_held: Vec<String>,
+    pub sessions: Vec<SessionView>,
+}
+
+/// One session of one agent.
+#[derive(Debug, Serialize)]
+pub struct SessionView {
+    pub bridge_id: String,
+    pub session_id: String,
+    pub connected: bool,
+    pub reconnects: u64,
+}
+
+impl From<pb::MetricsSnapshot> for AgentMetricsView {
+    fn from(s: pb::MetricsSnapshot) -> Self {
+        let mut view = AgentMetricsView {
+            captured_at: timestamp(s.captured_at.as_ref()),
+            ..Default::default()
+        };
+        for route in s.routes {
+            if route.lease_held {
+                view.leases_held
+                    .push(format!("{}/{}", route.bridge_id, route.route_id));
+            }
+            for b in route.bindings {
+                let c = b.counters.unwrap_or_default();
+                view.received += c.received;
+                view.sent += c.sent;
+                view.dropped += c.dropped;
+                view.filtered += c.filtered;
+                view.expired += c.expired;
+                view.dead_lettered += c.dead_lettered;
+                view.in_flight += c.in_flight;
+                view.outbox_depth += b.outbox_depth;
+                view.bindings.push(TotalsView::new(
+                    route.bridge_id.clone(),
+                    route.route_id.clone(),
+                    b.binding_id,
+                    c,
+                    b.outbox_depth,
+                ));
+            }
+        }
+        view.sessions = s
+            .sessions
+            .into_iter()
+            .map(|s| SessionView {
+                bridge_id: s.bridge_id,
+                session_id: s.session_id,
+                connected: s.connected,
+                reconnects: s.reconnects,
+            })
+            .collect();
+        view
+    }
+}
+
+impl AgentMetricsView {
+    /// Its lines in `ferryctl describe agent`.
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        let sessions = crate::output::table(
+            &["BRIDGE", "SESSION", "CONNECTED", "RECONNECTS"],
+            self.sessions.iter().map(|s| {
+                vec![
+                    s.bridge_id.clone(),
+                    s.session_id.clone(),
+                    s.connected.to_string(),
+                    s.reconnects.to_string(),
+                ]
+            }),
+        );
+        vec![
+            ("metrics at", self.captured_at.clone()),
+            (
+                "bindings",
+                crate::output::table(TotalsView::HEADERS, self.bindings.iter().map(Row::cells)),
+            ),
+            ("leases held", self.leases_held.join(",")),
+            ("sessions", sessions),
+        ]
+    }
 }
 
 /// Where one configuration stands on one agent.
@@ -181,6 +281,7 @@ impl From<pb::AgentInfo> for AgentView {
             connected_at: timestamp(a.connected_at.as_ref()),
             last_seen_at: timestamp(a.last_seen_at.as_ref()),
             disconnected_at: timestamp(a.disconnected_at.as_ref()),
+            metrics: None,
             configs: a
                 .configs
                 .into_iter()
@@ -199,6 +300,13 @@ impl From<pb::AgentInfo> for AgentView {
 }
 
 impl AgentView {
+    /// The agent with its latest metrics snapshot, if any.
+    pub fn with_metrics(agent: pb::AgentInfo, snapshot: Option<pb::MetricsSnapshot>) -> Self {
+        let mut view = AgentView::from(agent);
+        view.metrics = snapshot.map(AgentMetricsView::from);
+        view
+    }
+
     pub fn pairs(&self) -> Vec<(&'static str, String)> {
         let configs = crate::output::table(
             &["BRIDGE", "PUSHED", "RUNNING", "NACKED", "ERROR"],
@@ -217,7 +325,7 @@ impl AgentView {
                 ]
             }),
         );
-        vec![
+        let mut pairs = vec![
             ("agent", self.agent_id.clone()),
             ("connected", self.connected.to_string()),
             ("labels", labels(&self.labels)),
@@ -227,13 +335,28 @@ impl AgentView {
             ("last seen", self.last_seen_at.clone()),
             ("disconnected at", self.disconnected_at.clone()),
             ("configs", configs),
-        ]
+        ];
+        match &self.metrics {
+            Some(metrics) => pairs.extend(metrics.pairs()),
+            None => pairs.push(("metrics", "(no snapshot yet)".to_owned())),
+        }
+        pairs
     }
 }
 
 impl Row for AgentView {
-    const HEADERS: &'static [&'static str] =
-        &["AGENT", "CONNECTED", "LABELS", "CONFIGS", "LAST SEEN"];
+    const HEADERS: &'static [&'static str] = &[
+        "AGENT",
+        "CONNECTED",
+        "LABELS",
+        "CONFIGS",
+        "RECEIVED",
+        "SENT",
+        "DLQ",
+        "IN-FLIGHT",
+        "DEPTH",
+        "LAST SEEN",
+    ];
     fn cells(&self) -> Vec<String> {
         let configs = self
             .configs
@@ -250,13 +373,26 @@ impl Row for AgentView {
             })
             .collect::<Vec<_>>()
             .join(",");
-        vec![
+        let figures = match &self.metrics {
+            Some(m) => [
+                m.received,
+                m.sent,
+                m.dead_lettered,
+                m.in_flight,
+                m.outbox_depth,
+            ]
+            .map(|n| n.to_string()),
+            None => std::array::from_fn(|_| "-".to_owned()),
+        };
+        let mut cells = vec![
             self.agent_id.clone(),
             self.connected.to_string(),
             labels(&self.labels),
             configs,
-            self.last_seen_at.clone(),
-        ]
+        ];
+        cells.extend(figures);
+        cells.push(self.last_seen_at.clone());
+        cells
     }
 }
 
@@ -460,6 +596,36 @@ impl TotalsView {
             in_flight: c.in_flight,
             outbox_depth,
         }
+    }
+}
+
+/// One binding's figures on one agent (`ferryctl metrics --by-agent`).
+#[derive(Debug, Serialize)]
+pub struct AgentBindingView {
+    pub agent_id: String,
+    #[serde(flatten)]
+    pub figures: TotalsView,
+}
+
+impl Row for AgentBindingView {
+    const HEADERS: &'static [&'static str] = &[
+        "AGENT",
+        "BRIDGE",
+        "ROUTE",
+        "BINDING",
+        "RECEIVED",
+        "SENT",
+        "DROPPED",
+        "FILTERED",
+        "EXPIRED",
+        "DLQ",
+        "IN-FLIGHT",
+        "DEPTH",
+    ];
+    fn cells(&self) -> Vec<String> {
+        let mut cells = vec![self.agent_id.clone()];
+        cells.extend(self.figures.cells());
+        cells
     }
 }
 
