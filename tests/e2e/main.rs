@@ -9,6 +9,7 @@
 
 mod agent_delivery;
 mod agent_direct_hold;
+mod agent_dlq_fleet;
 mod agent_failures;
 mod agent_figures;
 mod agent_fleet;
