@@ -196,14 +196,8 @@ fn encode_totals(
 ) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
     register_agents(&mut registry, snapshots);
-    let counters: Vec<Family<BindingLabels, Counter>> = names::COUNTERS
-        .iter()
-        .map(|(name, help)| {
-            let family = Family::<BindingLabels, Counter>::default();
-            registry.register(*name, *help, family.clone());
-            family
-        })
-        .collect();
+    let counters: Vec<Family<BindingLabels, Counter>> =
+        counter_families(&mut registry, &names::COUNTERS);
     let depth = Family::<BindingLabels, Gauge>::default();
     registry.register(names::OUTBOX_DEPTH.0, names::OUTBOX_DEPTH.1, depth.clone());
     let agents = Gauge::<i64>::default();
@@ -221,16 +215,7 @@ fn encode_totals(
             route: binding.route_id.clone(),
             binding: binding.binding_id.clone(),
         };
-        let c = binding.counters.unwrap_or_default();
-        let values = [
-            c.received,
-            c.sent,
-            c.dropped,
-            c.filtered,
-            c.expired,
-            c.dead_lettered,
-            c.in_flight,
-        ];
+        let values = counter_values(binding.counters.unwrap_or_default());
         for (family, value) in counters.iter().zip(values) {
             family.get_or_create(&labels).inc_by(value);
         }
@@ -246,16 +231,50 @@ fn encode_totals(
     Ok(text)
 }
 
-/// Each agent's series, from its latest snapshot.
-fn register_agents(registry: &mut Registry, snapshots: &[pb::MetricsSnapshot]) {
-    let counters: Vec<Family<AgentBindingLabels, Counter>> = names::AGENT_COUNTERS
+/// One counter family per `(name, help)`, registered, in the order of
+/// [`counter_values`].
+fn counter_families<L>(
+    registry: &mut Registry,
+    names: &[(&'static str, &'static str); 7],
+) -> Vec<Family<L, Counter>>
+where
+    L: Clone
+        + std::hash::Hash
+        + Eq
+        + prometheus_client::encoding::EncodeLabelSet
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    names
         .iter()
         .map(|(name, help)| {
-            let family = Family::<AgentBindingLabels, Counter>::default();
+            let family = Family::<L, Counter>::default();
             registry.register(*name, *help, family.clone());
             family
         })
-        .collect();
+        .collect()
+}
+
+/// The conservation counters in the order of `names::COUNTERS` and
+/// `names::AGENT_COUNTERS`.
+fn counter_values(c: pb::DeliveryCounters) -> [u64; 7] {
+    [
+        c.received,
+        c.sent,
+        c.dropped,
+        c.filtered,
+        c.expired,
+        c.dead_lettered,
+        c.in_flight,
+    ]
+}
+
+/// Each agent's series, from its latest snapshot.
+fn register_agents(registry: &mut Registry, snapshots: &[pb::MetricsSnapshot]) {
+    let counters: Vec<Family<AgentBindingLabels, Counter>> =
+        counter_families(registry, &names::AGENT_COUNTERS);
     let depth = Family::<AgentBindingLabels, Gauge>::default();
     let (name, help) = names::AGENT_OUTBOX_DEPTH;
     registry.register(name, help, depth.clone());
@@ -290,16 +309,7 @@ fn register_agents(registry: &mut Registry, snapshots: &[pb::MetricsSnapshot]) {
                     route: route.route_id.clone(),
                     binding: binding.binding_id.clone(),
                 };
-                let c = binding.counters.unwrap_or_default();
-                let values = [
-                    c.received,
-                    c.sent,
-                    c.dropped,
-                    c.filtered,
-                    c.expired,
-                    c.dead_lettered,
-                    c.in_flight,
-                ];
+                let values = counter_values(binding.counters.unwrap_or_default());
                 for (family, value) in counters.iter().zip(values) {
                     family.get_or_create(&labels).inc_by(value);
                 }
