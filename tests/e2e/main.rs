@@ -22,5 +22,6 @@ mod agent_visibility;
 mod control_plane;
 mod cp_stores;
 mod cp_stores_conformance;
+mod deploy_manifests;
 mod ferryctl;
 mod harness_selftest;
