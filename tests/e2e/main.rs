@@ -23,4 +23,5 @@ mod control_plane;
 mod cp_stores;
 mod cp_stores_conformance;
 mod ferryctl;
+mod first_run;
 mod harness_selftest;

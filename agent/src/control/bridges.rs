@@ -45,7 +45,7 @@ pub enum ApplyError {
         /// The document's.
         found: String,
     },
-    /// A data directory could not be locked.
+    /// A data directory could not be created or locked.
     #[error(transparent)]
     Lock(#[from] datadir::LockError),
     /// The bridge did not start (a store did not open, a session was refused).
@@ -286,9 +286,10 @@ impl Bridges {
         self.handles.send_replace(handles);
     }
 
-    /// Locks the directories of `valid`'s SQLite stores not locked yet.
+    /// Creates (when missing) and locks the directories of `valid`'s SQLite
+    /// stores not locked yet.
     fn lock_dirs(&mut self, valid: &ValidConfig) -> Result<(), datadir::LockError> {
-        let missing: Vec<PathBuf> = datadir::sqlite_dirs(valid)
+        let missing: Vec<PathBuf> = datadir::sqlite_dirs(valid)?
             .into_iter()
             .filter(|dir| !self.locks.contains_key(dir))
             .collect();
