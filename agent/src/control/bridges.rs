@@ -340,7 +340,7 @@ mod tests {
         bridges.apply_version("a", 1, &good).await?;
         assert_eq!(bridges.version("a"), Some(1));
 
-        // Invalid, for another bridge, and failing to start (no such directory).
+        // Invalid, for another bridge, and failing to start (a DLQ path that is a directory).
         let invalid = good.replace("bindings: [to-out]", "bindings: [nowhere]");
         let refused = bridges.apply_version("a", 2, &invalid).await;
         assert!(
@@ -354,7 +354,9 @@ mod tests {
             matches!(other, Err(ApplyError::WrongBridge { .. })),
             "{other:?}"
         );
-        let broken = document("a", &dir.path().join("missing/dlq.db"));
+        let a_directory = dir.path().join("dlq-is-a-directory");
+        std::fs::create_dir(&a_directory)?;
+        let broken = document("a", &a_directory);
         let failed = bridges.apply_version("a", 4, &broken).await;
         assert!(matches!(failed, Err(ApplyError::Start(_))), "{failed:?}");
         assert_eq!(bridges.version("a"), Some(1));
