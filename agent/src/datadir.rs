@@ -37,13 +37,8 @@ pub const LOCK_FILE: &str = "ferry-agent.lock";
 pub enum LockError {
     /// The directory is missing and could not be created (no permission, a
     /// file in the way).
-    #[error("cannot create the data directory {}: {}", dir.display(), os::reason(error))]
-    Create {
-        /// The directory.
-        dir: PathBuf,
-        /// The I/O error (in the message, so not a `source`).
-        error: std::io::Error,
-    },
+    #[error(transparent)]
+    Create(#[from] os::CreateDirError),
     /// Another process holds the lock.
     #[error("data directory {dir} is in use by another agent ({holder}); stop it first")]
     Held {
@@ -109,12 +104,13 @@ pub fn sqlite_dirs(valid: &ValidConfig) -> Result<Vec<PathBuf>, LockError> {
 /// Creates `dir` when it is missing (mode 0700, parents too) and returns its
 /// canonical path.
 pub fn create(dir: &Path) -> Result<PathBuf, LockError> {
-    let failed = |error| LockError::Create {
-        dir: dir.to_owned(),
-        error,
-    };
-    os::create_private_dir(dir).map_err(failed)?;
-    dir.canonicalize().map_err(failed)
+    os::create_private_dir(dir)?;
+    dir.canonicalize().map_err(|error| {
+        LockError::Create(os::CreateDirError {
+            dir: dir.to_owned(),
+            error,
+        })
+    })
 }
 
 /// Locks every directory in `dirs` for `agent_id`, or fails on the first

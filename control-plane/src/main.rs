@@ -140,16 +140,10 @@ fn create_state_dir(state_url: &str) -> anyhow::Result<()> {
     let Ok(StateUrl::Sqlite(file)) = StateUrl::parse(state_url) else {
         return Ok(());
     };
-    match file.parent().filter(|dir| !dir.as_os_str().is_empty()) {
-        Some(dir) => os::create_private_dir(dir).map_err(|e| {
-            anyhow::anyhow!(
-                "cannot create the data directory {}: {}",
-                dir.display(),
-                os::reason(&e)
-            )
-        }),
-        None => Ok(()),
+    if let Some(dir) = file.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        os::create_private_dir(dir)?;
     }
+    Ok(())
 }
 
 /// Binds `addr` for `what`; a refusal names the flag that chooses it.

@@ -1,6 +1,6 @@
 //! What the binaries ask of the operating system as they start, and how they say in one line
-//! that it refused: a private data directory created when missing, a listener that cannot bind,
-//! a file that cannot be read.
+//! that it refused: a private data directory created when missing ([`CreateDirError`]), a
+//! listener that cannot bind ([`ListenError`]), a file that cannot be read ([`reason`]).
 //!
 //! Both halves create their data directories with [`create_private_dir`]: mode 0700 for every
 //! directory Ferry creates (parents too), because they hold messages and their ids; a directory
@@ -10,19 +10,46 @@ use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The mode of every directory Ferry creates: owner only.
 pub const PRIVATE_DIR_MODE: u32 = 0o700;
 
 /// Creates `dir` and its missing parents with mode [`PRIVATE_DIR_MODE`] (minus the umask);
 /// an existing directory is left untouched.
-pub fn create_private_dir(dir: &Path) -> io::Result<()> {
+pub fn create_private_dir(dir: &Path) -> Result<(), CreateDirError> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(PRIVATE_DIR_MODE)
         .create(dir)
+        .map_err(|error| CreateDirError {
+            dir: dir.to_owned(),
+            error,
+        })
 }
+
+/// A data directory that could not be created (no permission, a file in the way):
+/// `cannot create the data directory /x/data: not a directory`.
+#[derive(Debug)]
+pub struct CreateDirError {
+    /// The directory asked for.
+    pub dir: PathBuf,
+    /// The OS's error (in the message, so not a `source`).
+    pub error: io::Error,
+}
+
+impl fmt::Display for CreateDirError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot create the data directory {}: {}",
+            self.dir.display(),
+            reason(&self.error)
+        )
+    }
+}
+
+impl std::error::Error for CreateDirError {}
 
 /// The operating system's reason, as a message fragment: lowercase, without the
 /// `(os error N)` suffix (`no such file or directory`, `permission denied`).
@@ -117,7 +144,13 @@ mod tests {
         let file = root.path().join("file");
         std::fs::write(&file, b"x").expect("file");
         let err = create_private_dir(&file.join("sub")).expect_err("a file is in the way");
-        assert_eq!(reason(&err), "not a directory");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot create the data directory {}: not a directory",
+                file.join("sub").display()
+            )
+        );
     }
 
     #[test]
