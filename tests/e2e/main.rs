@@ -24,4 +24,5 @@ mod cp_stores;
 mod cp_stores_conformance;
 mod deploy_manifests;
 mod ferryctl;
+mod first_run;
 mod harness_selftest;

@@ -37,11 +37,7 @@ pub(super) async fn serve(args: &RunArgs) -> anyhow::Result<()> {
         .as_ref()
         .context("--data-dir is required with --control-plane")?;
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("creating the data directory {}", data_dir.display()))?;
-    let data_dir = data_dir
-        .canonicalize()
-        .with_context(|| format!("data directory {}", data_dir.display()))?;
+    let data_dir = datadir::create(data_dir)?;
     // Before anything starts: a SIGHUP must never find the default action (exit).
     let mut signals = Signals::install()?;
     // Held until the process ends (the bridges own it).
@@ -50,11 +46,7 @@ pub(super) async fn serve(args: &RunArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
     let listener = match args.admin_listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the admin listener on {addr}"))?,
-        ),
+        Some(addr) => Some(admin::bind(addr).await?),
         None => None,
     };
     let deps = Deps {
