@@ -63,12 +63,13 @@ struct QuickstartArgs {
 }
 
 fn main() -> ExitCode {
+    let started = std::time::Instant::now();
     match Cli::parse().command {
-        Command::Quickstart(args) => quickstart(&args),
+        Command::Quickstart(args) => quickstart(&args, started),
     }
 }
 
-fn quickstart(args: &QuickstartArgs) -> ExitCode {
+fn quickstart(args: &QuickstartArgs, started: std::time::Instant) -> ExitCode {
     let dir = match tempfile::Builder::new()
         .prefix("ferry-quickstart-")
         .tempdir()
@@ -91,6 +92,7 @@ fn quickstart(args: &QuickstartArgs) -> ExitCode {
             duration: args.duration,
             outage_after: args.outage_after,
             outage_for: args.outage_for,
+            started,
         };
         let outcome = runtime.block_on(run::run(&options, dir.path(), &mut screen));
         // Every task (and with it every store) ends before the directory goes.

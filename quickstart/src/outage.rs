@@ -123,15 +123,18 @@ async fn proxy(client: TcpStream, target: SocketAddr, down: CancellationToken) {
             return;
         }
     };
-    let (client_read, client_write) = client.into_split();
-    let (broker_read, broker_write) = broker.into_split();
+    // The halves live until the end of this function: dropping a write half
+    // sends FIN, and the broker would drop the session (and the answers it
+    // still owes) at once.
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut broker_read, mut broker_write) = broker.into_split();
     let settled = down.clone();
     let answers = async move {
         settled.cancelled().await;
         tokio::time::sleep(SETTLE).await;
     };
-    let upward = forward(client_read, broker_write, down.cancelled());
-    let downward = forward(broker_read, client_write, answers);
+    let upward = forward(&mut client_read, &mut broker_write, down.cancelled());
+    let downward = forward(&mut broker_read, &mut client_write, answers);
     tokio::pin!(upward, downward);
     // Either direction ending ends the connection (MQTT has no half-close),
     // except that a taken-down listener lets the answers settle first.
@@ -145,12 +148,12 @@ async fn proxy(client: TcpStream, target: SocketAddr, down: CancellationToken) {
 
 /// Copies `from` to `to` until end of stream, an error or `stop`.
 async fn forward(
-    mut from: impl AsyncRead + Unpin,
-    mut to: impl AsyncWrite + Unpin,
+    from: &mut (impl AsyncRead + Unpin),
+    to: &mut (impl AsyncWrite + Unpin),
     stop: impl Future<Output = ()>,
 ) {
     tokio::select! {
         () = stop => {}
-        _ = tokio::io::copy(&mut from, &mut to) => {}
+        _ = tokio::io::copy(from, to) => {}
     }
 }

@@ -54,6 +54,8 @@ pub struct Options {
     pub outage_after: Duration,
     /// For how long; zero for no outage.
     pub outage_for: Duration,
+    /// When the process started (for the time to the first delivery).
+    pub started: std::time::Instant,
 }
 
 /// Runs the quickstart in `dir` (which the caller removes) until a signal or
@@ -83,6 +85,7 @@ pub async fn run(options: &Options, dir: &Path, screen: &mut Screen) -> anyhow::
         traffic,
         outage: Outage::planned(options),
         rate: options.rate,
+        started: Some(options.started),
     };
     let name = run.watch(screen, &mut signals, options.duration).await?;
     screen.event(&format!(
@@ -242,6 +245,8 @@ struct Running {
     traffic: Traffic,
     outage: Outage,
     rate: f64,
+    /// The process's start, until the first delivery is reported.
+    started: Option<std::time::Instant>,
 }
 
 impl Running {
@@ -260,9 +265,27 @@ impl Running {
             tokio::select! {
                 name = signals.next() => return Ok(name),
                 () = sleep_until(end) => return Ok("--duration reached"),
-                _ = check.tick() => self.step_outage(screen).await?,
+                _ = check.tick() => {
+                    self.first_delivery(screen);
+                    self.step_outage(screen).await?;
+                }
                 _ = refresh.tick() => self.refresh(screen).await,
             }
+        }
+    }
+
+    /// Says, once, how long after the process started the first reading
+    /// had arrived at every destination.
+    fn first_delivery(&mut self, screen: &mut Screen) {
+        let Some(started) = self.started else { return };
+        let everywhere =
+            (0..self.destinations.len()).all(|i| self.traffic.subscriber.tally(i).distinct() > 0);
+        if everywhere {
+            screen.event(&format!(
+                "first reading delivered to every destination {} after start",
+                view::duration_text(started.elapsed())
+            ));
+            self.started = None;
         }
     }
 
@@ -301,6 +324,7 @@ impl Running {
             }
         };
         self.refresh(screen).await;
+        screen.keep();
         self.summary(screen, published, &figures);
         Ok(())
     }

@@ -40,17 +40,19 @@ pub struct Latency {
 impl Tally {
     /// Counts an arrival of reading `seq`, `latency` after it was published;
     /// `published` is how many readings were handed to the publisher so far
-    /// (a larger `seq` is not one of ours).
-    pub fn record(&mut self, seq: u64, latency: Duration, published: u64) {
+    /// (a larger `seq` is not one of ours). Returns whether it was a
+    /// duplicate.
+    pub fn record(&mut self, seq: u64, latency: Duration, published: u64) -> bool {
         let Some(index) = usize::try_from(seq).ok().filter(|_| seq < published) else {
             self.foreign += 1;
-            return;
+            return false;
         };
         if index >= self.counts.len() {
             self.counts.resize(index + 1, 0);
         }
         self.counts[index] = self.counts[index].saturating_add(1);
-        if self.counts[index] == 1 {
+        let duplicate = self.counts[index] > 1;
+        if !duplicate {
             self.distinct += 1;
             while self
                 .counts
@@ -65,6 +67,7 @@ impl Tally {
         if self.window.len() < WINDOW_CAPACITY {
             self.window.push(latency);
         }
+        duplicate
     }
 
     /// Counts a message that is not a reading of this run.
@@ -123,9 +126,8 @@ mod tests {
     #[test]
     fn counts_distinct_duplicates_and_missing_by_sequence_number() {
         let mut t = Tally::default();
-        for seq in [0, 1, 3, 1, 4, 4, 4] {
-            t.record(seq, ms(1), 6);
-        }
+        let duplicate = [0, 1, 3, 1, 4, 4, 4].map(|seq| t.record(seq, ms(1), 6));
+        assert_eq!(duplicate, [false, false, false, true, false, true, true]);
         assert_eq!((t.distinct(), t.duplicates()), (4, 3));
         assert_eq!(t.missing(6), 2, "2 and 5");
         assert_eq!(t.missing(2), 0);

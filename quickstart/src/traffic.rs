@@ -275,7 +275,9 @@ impl Arrivals {
             Ok(reading) => {
                 let latency =
                     Duration::from_micros(self.clock.micros().saturating_sub(reading.published_us));
-                tally.record(reading.seq, latency, self.published.queued());
+                if tally.record(reading.seq, latency, self.published.queued()) {
+                    tracing::info!(seq = reading.seq, topic = %self.topics[index], "duplicate arrival");
+                }
             }
             Err(_) => tally.record_foreign(),
         }

@@ -83,6 +83,11 @@ impl Screen {
         }
     }
 
+    /// Leaves the last frame on the screen: what follows goes below it.
+    pub fn keep(&mut self) {
+        self.drawn = 0;
+    }
+
     /// Moves the cursor to the start of the last frame and clears from
     /// there (nothing when no frame is on the screen).
     fn erase(&self) -> String {

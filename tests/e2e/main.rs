@@ -24,3 +24,4 @@ mod cp_stores;
 mod cp_stores_conformance;
 mod ferryctl;
 mod harness_selftest;
+mod quickstart;
