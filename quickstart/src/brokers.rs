@@ -8,19 +8,25 @@
 //!
 //! rumqttd binds its listener itself from a configured address and cannot
 //! be stopped: each broker gets a port found free just before, runs on
-//! threads of its own until the process ends, and is known to be up once its
-//! port accepts connections. A port taken in between (another program was
-//! quicker) shows as a broker thread that ended; the next free port is tried.
+//! threads of its own until the process ends, and is known to be up once an
+//! MQTT client connects (CONNACK). A port taken in between (another program
+//! was quicker) shows as a broker thread that ended; the next free port is
+//! tried.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
+use rumqttc::v5::mqttbytes::v5::Packet;
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
+use tokio::time::Instant;
 
-/// How long a broker may take to listen.
+/// How long a broker may take to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one connection attempt to a starting broker may take.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 /// How many free ports are tried.
 const ATTEMPTS: usize = 3;
 /// Largest message either broker takes (the readings are about 100 bytes).
@@ -37,10 +43,10 @@ pub struct EmbeddedBroker {
 
 impl EmbeddedBroker {
     /// Starts a broker named `name` (MQTT v5) on a free loopback port.
-    pub fn start(name: &str) -> anyhow::Result<Self> {
+    pub async fn start(name: &str) -> anyhow::Result<Self> {
         let mut last = None;
         for _ in 0..ATTEMPTS {
-            match Self::start_on(name, free_port()?) {
+            match Self::start_on(name, free_port()?).await {
                 Ok(broker) => return Ok(broker),
                 Err(error) => last = Some(error),
             }
@@ -49,7 +55,7 @@ impl EmbeddedBroker {
             .with_context(|| format!("starting the embedded {name} broker"))
     }
 
-    fn start_on(name: &str, addr: SocketAddr) -> anyhow::Result<Self> {
+    async fn start_on(name: &str, addr: SocketAddr) -> anyhow::Result<Self> {
         let mut broker = Broker::new(config(name, addr));
         let thread = std::thread::Builder::new()
             .name(format!("{name}-broker"))
@@ -61,7 +67,7 @@ impl EmbeddedBroker {
             .context("starting the broker's thread")?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            if answers_mqtt(addr).await {
                 return Ok(Self { addr });
             }
             if thread.is_finished() {
@@ -70,7 +76,7 @@ impl EmbeddedBroker {
             if Instant::now() > deadline {
                 bail!("the broker did not listen on {addr} within {START_TIMEOUT:?}");
             }
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -120,6 +126,36 @@ fn config(name: &str, addr: SocketAddr) -> Config {
         v5: Some(HashMap::from([("1".to_owned(), listener)])),
         ..Config::default()
     }
+}
+
+/// Whether an MQTT v5 client connects to `addr` now (CONNACK); it then
+/// disconnects.
+async fn answers_mqtt(addr: SocketAddr) -> bool {
+    let mut options = MqttOptions::new("quickstart-probe", addr.ip().to_string(), addr.port());
+    options.set_clean_start(true);
+    let (client, mut eventloop) = AsyncClient::new(options, 1);
+    let connack = async {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+    };
+    let connected = tokio::time::timeout(PROBE_TIMEOUT, connack)
+        .await
+        .unwrap_or(false);
+    if connected && client.try_disconnect().is_ok() {
+        // Writes the DISCONNECT; the broker is known to be up either way.
+        if tokio::time::timeout(PROBE_TIMEOUT, eventloop.poll())
+            .await
+            .is_err()
+        {
+            tracing::debug!(%addr, "the probe's DISCONNECT was not written in time");
+        }
+    }
+    connected
 }
 
 /// A loopback port nobody listens on right now.

@@ -225,6 +225,12 @@ impl Fleet {
             .collect())
     }
 
+    /// Whether the agent stopped by itself, which it does only when it
+    /// cannot start (its data directory, lock or cache; see the log).
+    pub fn agent_stopped(&self) -> bool {
+        self.agent.is_finished()
+    }
+
     /// Stops the agent (it ends its stream and releases its leases), then
     /// the control plane.
     pub async fn stop(self) {

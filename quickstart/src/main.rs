@@ -7,6 +7,7 @@
 
 mod brokers;
 mod fleet;
+mod listener;
 mod outage;
 mod run;
 mod tally;
@@ -58,7 +59,9 @@ struct QuickstartArgs {
     #[arg(long)]
     keep: bool,
     /// Log filter for the log file in the temporary directory (tracing `EnvFilter` syntax).
-    #[arg(long, default_value = "info")]
+    /// The embedded brokers' own log is off by default: rumqttd reports every client
+    /// disconnect as an error (`--log info` shows it).
+    #[arg(long, default_value = "info,rumqttd=off")]
     log: String,
 }
 

@@ -1,159 +1,176 @@
-//! The upstream listener the agent connects to: a small TCP proxy in front
-//! of the embedded upstream broker, which the quickstart takes down and
-//! brings back to stage an outage (rumqttd cannot stop one of its
-//! listeners; see ADR 0009).
-//!
-//! Taking it down closes the listening socket (new connections are refused,
-//! as by a broker that is gone) and ends every proxied connection: first the
-//! agent's bytes stop being forwarded, then, after [`SETTLE`], both sockets
-//! are closed. The pause lets the broker's answers to what it already
-//! received (PUBACKs) reach the agent, so the agent's `sent` counter and the
-//! subscribers' arrivals keep telling the same story: a publish either
-//! reached the broker and was acknowledged, or never left the proxy.
-//! Bringing it back binds the same address again.
+//! The staged outage, step by step: planned; the upstream listener down;
+//! back and draining; over. Each step prints what happened, and the last one
+//! the outage's figures: how long it lasted, how deep the outbox got (the
+//! agent's figures), how long the drain took after the listener came back,
+//! and whether every reading published until then arrived everywhere (the
+//! subscriber's counts).
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Context;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
+use tokio::time::Instant;
 
-/// How long answers from the broker still reach the agent after its own
-/// bytes stopped being forwarded.
-const SETTLE: Duration = Duration::from_millis(200);
+use crate::listener::Listener;
+use crate::view::{self, Screen};
 
-/// A TCP proxy to `target` that can be taken down and brought back.
+/// How long the drain may take before the outage is reported undrained.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The outage: planned, the listener down, draining, over.
 #[derive(Debug)]
-pub struct Listener {
-    addr: SocketAddr,
-    target: SocketAddr,
-    running: Option<Running>,
+pub enum Outage {
+    /// No outage asked for, or it is over.
+    None,
+    Planned {
+        after: Duration,
+        length: Duration,
+    },
+    Down {
+        since: Instant,
+        length: Duration,
+        published_before: u64,
+        duplicates_before: u64,
+        peak: u64,
+    },
+    Draining {
+        down_for: Duration,
+        back: Instant,
+        published_before: u64,
+        published_until: u64,
+        duplicates_before: u64,
+        peak: u64,
+    },
 }
 
-#[derive(Debug)]
-struct Running {
-    down: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Listener {
-    /// Listens on a free loopback port, forwarding to `target`.
-    pub async fn start(target: SocketAddr) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", 0))
-            .await
-            .context("binding the upstream listener")?;
-        let addr = listener.local_addr()?;
-        let mut this = Self {
-            addr,
-            target,
-            running: None,
-        };
-        this.serve(listener);
-        Ok(this)
-    }
-
-    /// Where clients connect.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Whether it accepts connections now.
-    pub fn is_up(&self) -> bool {
-        self.running.is_some()
-    }
-
-    /// Closes the listener and every connection through it.
-    pub async fn take_down(&mut self) {
-        if let Some(running) = self.running.take() {
-            running.down.cancel();
-            if let Err(error) = running.task.await {
-                tracing::warn!(%error, "the upstream listener's task failed");
-            }
+impl Outage {
+    /// An outage of `length`, `after` the first reading; none for a zero
+    /// length.
+    pub fn planned(after: Duration, length: Duration) -> Self {
+        if length.is_zero() {
+            Self::None
+        } else {
+            Self::Planned { after, length }
         }
     }
 
-    /// Listens again on the same address.
-    pub async fn bring_back(&mut self) -> anyhow::Result<()> {
-        if self.running.is_none() {
-            let listener = TcpListener::bind(self.addr)
-                .await
-                .with_context(|| format!("binding the upstream listener on {} again", self.addr))?;
-            self.serve(listener);
+    /// Counts the largest outbox depth seen during the outage and its drain.
+    pub fn saw_depth(&mut self, depth: Option<u64>) {
+        if let (Self::Down { peak, .. } | Self::Draining { peak, .. }, Some(depth)) = (self, depth)
+        {
+            *peak = (*peak).max(depth);
+        }
+    }
+
+    /// Moves on when it is time: takes the listener down (`after` the first
+    /// reading, published `publishing` ago), brings it back, reports the
+    /// drain once everything published before the listener came back
+    /// arrived (`arrived_below`).
+    pub async fn step(
+        &mut self,
+        listener: &mut Listener,
+        screen: &mut Screen,
+        publishing: Duration,
+        published: u64,
+        duplicates: u64,
+        arrived_below: impl Fn(u64) -> bool,
+    ) -> anyhow::Result<()> {
+        match *self {
+            Self::None => {}
+            Self::Planned { after, length } => {
+                if publishing >= after {
+                    listener.take_down().await;
+                    screen.event(&format!(
+                        "outage: upstream listener DOWN for {}: the agent cannot reach the upstream broker; the readings wait in the outbox",
+                        view::duration_text(length)
+                    ));
+                    *self = Self::Down {
+                        since: Instant::now(),
+                        length,
+                        published_before: published,
+                        duplicates_before: duplicates,
+                        peak: 0,
+                    };
+                }
+            }
+            Self::Down { since, length, .. } => {
+                if since.elapsed() >= length {
+                    self.bring_back(listener, screen, published).await?;
+                }
+            }
+            Self::Draining {
+                down_for,
+                back,
+                published_before,
+                published_until,
+                duplicates_before,
+                peak,
+            } => {
+                let during = published_until - published_before;
+                if arrived_below(published_until) {
+                    screen.event(&format!(
+                        "outage {}: outbox depth peaked at {peak} per destination; drained {} after the listener came back; all {during} readings published during the outage arrived at every destination ({} duplicates)",
+                        view::duration_text(down_for),
+                        view::duration_text(back.elapsed()),
+                        duplicates - duplicates_before,
+                    ));
+                    *self = Self::None;
+                } else if back.elapsed() > DRAIN_TIMEOUT {
+                    screen.event(&format!(
+                        "outage {}: not drained {} after the listener came back",
+                        view::duration_text(down_for),
+                        view::duration_text(DRAIN_TIMEOUT),
+                    ));
+                    *self = Self::None;
+                }
+            }
         }
         Ok(())
     }
 
-    fn serve(&mut self, listener: TcpListener) {
-        let down = CancellationToken::new();
-        let task = tokio::spawn(accept(listener, self.target, down.clone()));
-        self.running = Some(Running { down, task });
+    /// At the end: a listener still down comes back now, so the outbox
+    /// can drain.
+    pub async fn cut_short(
+        &mut self,
+        listener: &mut Listener,
+        screen: &mut Screen,
+    ) -> anyhow::Result<()> {
+        let published = match self {
+            Self::Down {
+                published_before, ..
+            } => *published_before,
+            _ => 0,
+        };
+        self.bring_back(listener, screen, published).await
     }
-}
 
-/// Accepts and proxies connections until `down`; then waits for every
-/// connection to be closed.
-async fn accept(listener: TcpListener, target: SocketAddr, down: CancellationToken) {
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            () = down.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((client, _)) => {
-                    connections.spawn(proxy(client, target, down.clone()));
-                }
-                Err(error) => tracing::warn!(%error, "upstream listener: accept failed"),
-            },
-            // Reap finished connections so the set stays small.
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+    async fn bring_back(
+        &mut self,
+        listener: &mut Listener,
+        screen: &mut Screen,
+        published: u64,
+    ) -> anyhow::Result<()> {
+        listener.bring_back().await?;
+        if let Self::Down {
+            since,
+            published_before,
+            duplicates_before,
+            peak,
+            ..
+        } = *self
+        {
+            let down_for = since.elapsed();
+            screen.event(&format!(
+                "outage: upstream listener back after {}: the agent reconnects and drains the outbox",
+                view::duration_text(down_for)
+            ));
+            *self = Self::Draining {
+                down_for,
+                back: Instant::now(),
+                published_before,
+                published_until: published.max(published_before),
+                duplicates_before,
+                peak,
+            };
         }
-    }
-    drop(listener);
-    while connections.join_next().await.is_some() {}
-}
-
-/// One proxied connection, until either side closes it or `down`.
-async fn proxy(client: TcpStream, target: SocketAddr, down: CancellationToken) {
-    let broker = match TcpStream::connect(target).await {
-        Ok(broker) => broker,
-        Err(error) => {
-            tracing::warn!(%error, %target, "upstream listener: cannot reach the broker");
-            return;
-        }
-    };
-    // The halves live until the end of this function: dropping a write half
-    // sends FIN, and the broker would drop the session (and the answers it
-    // still owes) at once.
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut broker_read, mut broker_write) = broker.into_split();
-    let settled = down.clone();
-    let answers = async move {
-        settled.cancelled().await;
-        tokio::time::sleep(SETTLE).await;
-    };
-    let upward = forward(&mut client_read, &mut broker_write, down.cancelled());
-    let downward = forward(&mut broker_read, &mut client_write, answers);
-    tokio::pin!(upward, downward);
-    // Either direction ending ends the connection (MQTT has no half-close),
-    // except that a taken-down listener lets the answers settle first.
-    tokio::select! {
-        () = &mut upward => if down.is_cancelled() {
-            downward.await;
-        },
-        () = &mut downward => {}
-    }
-}
-
-/// Copies `from` to `to` until end of stream, an error or `stop`.
-async fn forward(
-    from: &mut (impl AsyncRead + Unpin),
-    to: &mut (impl AsyncWrite + Unpin),
-    stop: impl Future<Output = ()>,
-) {
-    tokio::select! {
-        () = stop => {}
-        _ = tokio::io::copy(from, to) => {}
+        Ok(())
     }
 }

@@ -27,7 +27,8 @@ use tokio::time::Instant;
 
 use crate::brokers::{self, EmbeddedBroker};
 use crate::fleet::{self, BindingFigures, Fleet};
-use crate::outage::Listener;
+use crate::listener::Listener;
+use crate::outage::Outage;
 use crate::traffic::{self, Clock, Destination, Published, Publisher, Subscriber};
 use crate::view::{self, Frame, Outcome, Row, Screen};
 
@@ -83,7 +84,7 @@ pub async fn run(options: &Options, dir: &Path, screen: &mut Screen) -> anyhow::
         bridge: bridge.bridge_id().to_owned(),
         destinations,
         traffic,
-        outage: Outage::planned(options),
+        outage: Outage::planned(options.outage_after, options.outage_for),
         rate: options.rate,
         started: Some(options.started),
     };
@@ -107,8 +108,8 @@ struct Stack {
 
 impl Stack {
     async fn start(dir: &Path) -> anyhow::Result<Self> {
-        let plant = EmbeddedBroker::start("plant")?;
-        let upstream = EmbeddedBroker::start("upstream")?;
+        let plant = EmbeddedBroker::start("plant").await?;
+        let upstream = EmbeddedBroker::start("upstream").await?;
         let listener = Listener::start(upstream.addr()).await?;
         let fleet = Fleet::start(dir, &dir.join("agent")).await?;
         Ok(Self {
@@ -199,6 +200,10 @@ impl Stack {
         .context("subscribing to the destinations on the upstream broker: timed out")??;
         let deadline = Instant::now() + START_TIMEOUT;
         while self.fleet.bridging(bridge.bridge_id()).await?.is_none() {
+            anyhow::ensure!(
+                !self.fleet.agent_stopped(),
+                "the agent stopped while starting (see the log)"
+            );
             anyhow::ensure!(
                 Instant::now() < deadline,
                 "the agent did not run the bridge within {}s (see the log)",
@@ -448,167 +453,6 @@ impl Running {
                 agent: figures.get(&d.binding).copied(),
             }));
         }
-    }
-}
-
-/// The outage: planned, the listener down, draining, over.
-#[derive(Debug)]
-enum Outage {
-    /// No outage asked for, or it is over.
-    None,
-    Planned {
-        after: Duration,
-        length: Duration,
-    },
-    Down {
-        since: Instant,
-        length: Duration,
-        published_before: u64,
-        duplicates_before: u64,
-        peak: u64,
-    },
-    Draining {
-        down_for: Duration,
-        back: Instant,
-        published_before: u64,
-        published_until: u64,
-        duplicates_before: u64,
-        peak: u64,
-    },
-}
-
-impl Outage {
-    fn planned(options: &Options) -> Self {
-        if options.outage_for.is_zero() {
-            Self::None
-        } else {
-            Self::Planned {
-                after: options.outage_after,
-                length: options.outage_for,
-            }
-        }
-    }
-
-    /// Counts the largest outbox depth seen during the outage and its drain.
-    fn saw_depth(&mut self, depth: Option<u64>) {
-        if let (Self::Down { peak, .. } | Self::Draining { peak, .. }, Some(depth)) = (self, depth)
-        {
-            *peak = (*peak).max(depth);
-        }
-    }
-
-    /// Moves on when it is time: takes the listener down (`after` the first
-    /// reading, published `publishing` ago), brings it back, reports the
-    /// drain once everything published before the listener came back
-    /// arrived (`arrived_below`).
-    async fn step(
-        &mut self,
-        listener: &mut Listener,
-        screen: &mut Screen,
-        publishing: Duration,
-        published: u64,
-        duplicates: u64,
-        arrived_below: impl Fn(u64) -> bool,
-    ) -> anyhow::Result<()> {
-        match *self {
-            Self::None => {}
-            Self::Planned { after, length } => {
-                if publishing >= after {
-                    listener.take_down().await;
-                    screen.event(&format!(
-                        "outage: upstream listener DOWN for {}: the agent cannot reach the upstream broker; the readings wait in the outbox",
-                        view::duration_text(length)
-                    ));
-                    *self = Self::Down {
-                        since: Instant::now(),
-                        length,
-                        published_before: published,
-                        duplicates_before: duplicates,
-                        peak: 0,
-                    };
-                }
-            }
-            Self::Down { since, length, .. } => {
-                if since.elapsed() >= length {
-                    self.bring_back(listener, screen, published).await?;
-                }
-            }
-            Self::Draining {
-                down_for,
-                back,
-                published_before,
-                published_until,
-                duplicates_before,
-                peak,
-            } => {
-                let during = published_until - published_before;
-                if arrived_below(published_until) {
-                    screen.event(&format!(
-                        "outage {}: outbox depth peaked at {peak} per destination; drained {} after the listener came back; all {during} readings published during the outage arrived at every destination ({} duplicates)",
-                        view::duration_text(down_for),
-                        view::duration_text(back.elapsed()),
-                        duplicates - duplicates_before,
-                    ));
-                    *self = Self::None;
-                } else if back.elapsed() > DRAIN_TIMEOUT {
-                    screen.event(&format!(
-                        "outage {}: not drained {} after the listener came back",
-                        view::duration_text(down_for),
-                        view::duration_text(DRAIN_TIMEOUT),
-                    ));
-                    *self = Self::None;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// At the end: a listener still down comes back now, so the outbox
-    /// can drain.
-    async fn cut_short(
-        &mut self,
-        listener: &mut Listener,
-        screen: &mut Screen,
-    ) -> anyhow::Result<()> {
-        let published = match self {
-            Self::Down {
-                published_before, ..
-            } => *published_before,
-            _ => 0,
-        };
-        self.bring_back(listener, screen, published).await
-    }
-
-    async fn bring_back(
-        &mut self,
-        listener: &mut Listener,
-        screen: &mut Screen,
-        published: u64,
-    ) -> anyhow::Result<()> {
-        listener.bring_back().await?;
-        if let Self::Down {
-            since,
-            published_before,
-            duplicates_before,
-            peak,
-            ..
-        } = *self
-        {
-            let down_for = since.elapsed();
-            screen.event(&format!(
-                "outage: upstream listener back after {}: the agent reconnects and drains the outbox",
-                view::duration_text(down_for)
-            ));
-            *self = Self::Draining {
-                down_for,
-                back: Instant::now(),
-                published_before,
-                published_until: published.max(published_before),
-                duplicates_before,
-                peak,
-            };
-        }
-        Ok(())
     }
 }
 
