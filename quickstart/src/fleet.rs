@@ -32,8 +32,9 @@ pub const AGENT_ID: &str = "quickstart-agent";
 /// The agent's label, matched by the bridge's selector.
 pub const LABEL: (&str, &str) = ("site", "quickstart");
 /// How often the agent sends its counters to the control plane: the view's
-/// agent figures are at most this old.
-pub const METRICS_INTERVAL: Duration = Duration::from_secs(1);
+/// agent figures are at most this old, and readings start at most this long
+/// after the agent runs the bridge (its snapshot says so).
+pub const METRICS_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The running control plane and agent.
 pub struct Fleet {

@@ -12,8 +12,8 @@ use tokio::time::Instant;
 use crate::listener::Listener;
 use crate::view::{self, Screen};
 
-/// How long the drain may take before the outage is reported undrained.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the outbox may take to drain, after an outage or at the end.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The outage: planned, the listener down, draining, over.
 #[derive(Debug)]

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use crate::brokers::{self, EmbeddedBroker};
 use crate::fleet::{self, BindingFigures, Fleet};
 use crate::listener::Listener;
-use crate::outage::Outage;
+use crate::outage::{DRAIN_TIMEOUT, Outage};
 use crate::traffic::{self, Clock, Destination, Published, Publisher, Subscriber};
 use crate::view::{self, Frame, Outcome, Row, Screen};
 
@@ -37,8 +37,6 @@ use crate::view::{self, Frame, Outcome, Row, Screen};
 const BRIDGE: &str = include_str!("../quickstart.yaml");
 /// How long the agent may take to run the bridge.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long the outbox may take to drain after an outage or at the end.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the outage is stepped and the drain checked.
 const CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// How often the view is refreshed.
@@ -64,24 +62,25 @@ pub struct Options {
 pub async fn run(options: &Options, dir: &Path, screen: &mut Screen) -> anyhow::Result<()> {
     let mut signals = Signals::install()?;
     let stack = Stack::start(dir).await?;
-    let bridge = stack.apply(dir).await?;
-    stack.print(screen, dir, &bridge);
-    let destinations = destinations(&bridge)?;
     let started = tokio::select! {
-        started = stack.traffic(&bridge, &destinations, options.rate) => Some(started?),
+        started = stack.begin(dir, screen, options.rate) => started,
         name = signals.next() => {
             screen.event(&format!("{name} while starting: stopping"));
-            None
+            stack.stop().await;
+            return Ok(());
         }
     };
-    let Some(traffic) = started else {
-        stack.stop().await;
-        return Ok(());
+    let (bridge, destinations, traffic) = match started {
+        Ok(started) => started,
+        Err(error) => {
+            stack.stop().await;
+            return Err(error);
+        }
     };
     print_ferryctl(screen, &stack.fleet.endpoint);
     let mut run = Running {
         stack,
-        bridge: bridge.bridge_id().to_owned(),
+        bridge,
         destinations,
         traffic,
         outage: Outage::planned(options.outage_after, options.outage_for),
@@ -134,6 +133,21 @@ impl Stack {
             .map_err(|e| anyhow::anyhow!("quickstart.yaml: {}", e.messages().join("; ")))?;
         self.fleet.apply(yaml).await?;
         Ok(valid)
+    }
+
+    /// Applies the bridge, says what runs where, and starts the traffic;
+    /// returns the bridge id, its destinations and the traffic.
+    async fn begin(
+        &self,
+        dir: &Path,
+        screen: &mut Screen,
+        rate: f64,
+    ) -> anyhow::Result<(String, Vec<Destination>, Traffic)> {
+        let bridge = self.apply(dir).await?;
+        self.print(screen, dir, &bridge);
+        let destinations = destinations(&bridge)?;
+        let traffic = self.traffic(&bridge, &destinations, rate).await?;
+        Ok((bridge.bridge_id().to_owned(), destinations, traffic))
     }
 
     fn print(&self, screen: &mut Screen, dir: &Path, bridge: &ValidConfig) {
