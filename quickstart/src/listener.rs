@@ -157,3 +157,59 @@ async fn forward(
         _ = tokio::io::copy(from, to) => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A server that echoes every byte back.
+    async fn echo() -> anyhow::Result<SocketAddr> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut read, mut write) = stream.split();
+                    let _echoed = tokio::io::copy(&mut read, &mut write).await;
+                });
+            }
+        });
+        Ok(addr)
+    }
+
+    async fn round_trip(stream: &mut TcpStream) -> anyhow::Result<[u8; 4]> {
+        stream.write_all(b"ping").await?;
+        let mut answer = [0; 4];
+        stream.read_exact(&mut answer).await?;
+        Ok(answer)
+    }
+
+    #[tokio::test]
+    async fn taken_down_it_refuses_and_closes_connections_and_comes_back_on_the_same_address()
+    -> anyhow::Result<()> {
+        let mut listener = Listener::start(echo().await?).await?;
+        let addr = listener.addr();
+        let mut client = TcpStream::connect(addr).await?;
+        assert_eq!(&round_trip(&mut client).await?, b"ping");
+
+        listener.take_down().await;
+        assert!(!listener.is_up());
+        let mut rest = Vec::new();
+        let ended = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest))
+            .await
+            .expect("the proxied connection ends");
+        assert!(ended.is_err() || rest.is_empty(), "nothing more arrives");
+        assert!(
+            TcpStream::connect(addr).await.is_err(),
+            "refused while down"
+        );
+
+        listener.bring_back().await?;
+        assert_eq!(listener.addr(), addr);
+        let mut again = TcpStream::connect(addr).await?;
+        assert_eq!(&round_trip(&mut again).await?, b"ping");
+        Ok(())
+    }
+}
