@@ -26,3 +26,4 @@ mod deploy_manifests;
 mod ferryctl;
 mod first_run;
 mod harness_selftest;
+mod quickstart;

@@ -10,7 +10,9 @@
 //! - [`cache`]: every ACKed configuration on disk, so the agent runs without
 //!   the control plane;
 //! - [`report`]: the metrics snapshot sent up the stream every interval;
-//! - [`commands`]: the control plane's commands (redrive), one task each.
+//! - [`commands`]: the control plane's commands (redrive), one task each;
+//! - [`managed`]: the whole managed agent (data directory, admin listener,
+//!   this loop) behind one call, for `ferry-agent run` and `ferry quickstart`.
 //!
 //! Invariants:
 //! - the cached bridges start before the first connection attempt, so an
@@ -27,6 +29,7 @@ pub mod applier;
 pub mod bridges;
 pub mod cache;
 pub mod commands;
+pub mod managed;
 pub mod report;
 pub mod stream;
 
