@@ -247,12 +247,17 @@ mod tests {
 
     use super::*;
     use crate::stores::conformance::{envelope, sqlite_options, t};
-    use crate::stores::{NewRecord, OutboxStore};
+    use crate::stores::{NewMessage, NewRecord, OutboxStore};
 
-    fn big_record(i: usize) -> NewRecord {
-        let mut e = envelope(&format!("m{i}"));
-        e.payload = Bytes::from(vec![b'x'; 16 * 1024]);
-        NewRecord::new("x", "out", e, t(0))
+    /// A message for binding `x` with a payload of `kib` KiB.
+    fn message(name: &str, kib: usize) -> NewMessage {
+        let mut e = envelope(name);
+        e.payload = Bytes::from(vec![b'x'; kib * 1024]);
+        NewMessage::new(e, t(0), vec![NewRecord::new("x", "out")])
+    }
+
+    fn big_record(i: usize) -> NewMessage {
+        message(&format!("m{i}"), 16)
     }
 
     /// `max_size_bytes` is a full disk the tests can make: an append that
@@ -270,7 +275,7 @@ mod tests {
             .expect("open");
         let mut appended = 0;
         let error = loop {
-            match store.append("p", vec![big_record(appended)]).await {
+            match store.append("p", big_record(appended)).await {
                 Ok(_) => appended += 1,
                 Err(e) => break e,
             }
@@ -289,7 +294,7 @@ mod tests {
         .await
         .expect("reopen");
         store
-            .append("p", vec![big_record(appended)])
+            .append("p", big_record(appended))
             .await
             .expect("room again");
         let stats = store.stats("p").await.expect("stats");
@@ -316,14 +321,11 @@ mod tests {
             .await
             .expect("open");
         for chunk in 0..RECORDS / 100 {
-            let records = (0..100)
-                .map(|i| {
-                    let mut e = envelope(&format!("m{chunk}-{i}"));
-                    e.payload = Bytes::from(vec![b'x'; 4 * 1024]);
-                    NewRecord::new("x", "out", e, t(0))
-                })
-                .collect();
-            store.append("p", records).await.expect("append");
+            // A hundred at once share a commit (group commit).
+            let appends = (0..100).map(|i| store.append("p", message(&format!("m{chunk}-{i}"), 4)));
+            futures::future::try_join_all(appends)
+                .await
+                .expect("append");
         }
         let grown = file_bytes(&dir, "outbox.db");
         assert!(grown > 12_000_000, "the backlog took {grown} bytes");
