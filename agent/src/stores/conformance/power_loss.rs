@@ -189,7 +189,7 @@ async fn drain_until_done(store: Arc<SqliteOutboxStore>, appending: Arc<AtomicBo
         let (failed, done): (Vec<u64>, Vec<u64>) = claimed
             .iter()
             .map(|r| r.seq)
-            .partition(|seq| seq % 5 == 0 && round % 2 == 0);
+            .partition(|seq| seq.is_multiple_of(5) && round.is_multiple_of(2));
         let failure = Release::Failed {
             error: "e".into(),
             attempted_at: t(round),

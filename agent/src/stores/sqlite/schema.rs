@@ -102,15 +102,18 @@ CREATE TABLE IF NOT EXISTS dlq_entries (
 CREATE INDEX IF NOT EXISTS dlq_entries_order ON dlq_entries (dead_lettered_at_ns, id);
 ";
 
+/// Turns one schema version into the next, inside the transaction that
+/// checks the version.
+type Migration = fn(&Connection) -> StoreResult<()>;
+
 /// A component's tables at its current version, and the steps that bring
 /// an older version there.
 struct Schema {
     component: &'static str,
     version: i64,
     ddl: &'static str,
-    /// `(from, step)`: `step` turns version `from` into `from + 1`, inside
-    /// the transaction that checks the version.
-    migrations: &'static [(i64, fn(&Connection) -> StoreResult<()>)],
+    /// `(from, step)`: `step` turns version `from` into `from + 1`.
+    migrations: &'static [(i64, Migration)],
 }
 
 /// Creates, checks or migrates the outbox tables.
