@@ -2,12 +2,18 @@
 //! one task appends messages (one record per binding, like the
 //! `shared_outbox` writer, up to `--in-flight` appends at once) while a
 //! drain loop claims batches and completes them, as the drainer does after
-//! its sends. Prints records per second, writer commits and the time each
-//! operation waited for its commit.
+//! its sends. Prints records per second, writer commits, the time each
+//! operation waited for its commit and the bytes written per message.
 //!
 //! ```sh
 //! cargo run --release -p ferry-agent --example outbox_throughput -- --messages 20000
 //! ```
+//!
+//! `--sequential` makes one store call at a time (append a message; claim
+//! and complete a batch whenever one is pending), so that every run does the
+//! same work: the mode for counting instructions per message with
+//! `valgrind --tool=callgrind`, which is repeatable on a noisy machine (see
+//! `docs/benchmarks.md`).
 //!
 //! It isolates the store's share of the fan-out benchmark (`ferry-bench`,
 //! `docs/benchmarks.md`): if the store alone cannot move records much
@@ -20,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use clap::Parser;
 use ferry_agent::stores::sqlite::{SqliteOptions, SqliteOutboxStore, Synchronous};
-use ferry_agent::stores::{NewRecord, OutboxStore};
+use ferry_agent::stores::{NewMessage, NewRecord, OutboxStore};
 use ferry_shared::envelope::{Envelope, Source, TraceContext};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -46,6 +52,9 @@ struct Args {
     /// `synchronous=NORMAL` instead of `FULL`.
     #[arg(long)]
     normal: bool,
+    /// One store call at a time (repeatable work, for callgrind).
+    #[arg(long)]
+    sequential: bool,
 }
 
 const PARTITION: &str = "bench/route";
@@ -67,6 +76,24 @@ fn envelope(payload: &Bytes) -> Envelope {
     }
 }
 
+/// What one append writes: a message with one record per binding (the
+/// `shared_outbox` writer's append).
+fn message(payload: &Bytes, bindings: usize) -> NewMessage {
+    let records = (0..bindings)
+        .map(|b| NewRecord::new(format!("b{b}"), format!("b{b}/x")))
+        .collect();
+    NewMessage::new(envelope(payload), SystemTime::now(), records)
+}
+
+/// Claims one batch and completes it; the records completed.
+async fn drain_batch(store: &SqliteOutboxStore, batch: usize) -> anyhow::Result<usize> {
+    let claimed = store
+        .claim(PARTITION, "owner", 1, batch, SystemTime::now())
+        .await?;
+    let seqs: Vec<u64> = claimed.iter().map(|r| r.seq).collect();
+    Ok(store.complete(PARTITION, 1, &seqs).await?.len())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -76,14 +103,77 @@ async fn main() -> anyhow::Result<()> {
         options.synchronous = Synchronous::Normal;
     }
     let store = Arc::new(SqliteOutboxStore::open(options).await?);
-    let payload = Bytes::from(vec![b'x'; args.payload]);
-    let total = args.messages * args.bindings;
     let written_before = written_bytes();
     let started = Instant::now();
-    let appending = Arc::new(AtomicBool::new(true));
+    if args.sequential {
+        sequential(&store, &args).await?;
+    } else {
+        concurrent(&store, &args, started).await?;
+    }
+    let elapsed = started.elapsed();
+    let written = written_bytes() - written_before;
+    let total = args.messages * args.bindings;
+    println!(
+        "drained {total} records in {:.2} s: {:.0} records/s ({:.0} messages/s per binding)",
+        elapsed.as_secs_f64(),
+        total as f64 / elapsed.as_secs_f64(),
+        args.messages as f64 / elapsed.as_secs_f64()
+    );
+    println!(
+        "{} commits ({:.2} per message); {:.0} bytes written per message, {:.0} per record \
+         ({:.1} MiB)",
+        store.commits(),
+        store.commits() as f64 / args.messages as f64,
+        written as f64 / args.messages as f64,
+        written as f64 / total as f64,
+        written as f64 / f64::from(1 << 20)
+    );
+    Arc::into_inner(store)
+        .context("store still shared")?
+        .close()
+        .await;
+    Ok(())
+}
 
+/// One call at a time: append messages one by one and drain a batch
+/// whenever one is pending.
+async fn sequential(store: &SqliteOutboxStore, args: &Args) -> anyhow::Result<()> {
+    let payload = Bytes::from(vec![b'x'; args.payload]);
+    let (mut pending, mut drained) = (0, 0);
+    for _ in 0..args.messages {
+        store
+            .append(PARTITION, message(&payload, args.bindings))
+            .await?;
+        pending += args.bindings;
+        while pending >= args.batch {
+            let done = drain_batch(store, args.batch).await?;
+            anyhow::ensure!(done > 0, "a pending batch claimed nothing");
+            (pending, drained) = (pending - done, drained + done);
+        }
+    }
+    while pending > 0 {
+        let done = drain_batch(store, args.batch).await?;
+        anyhow::ensure!(done > 0, "{pending} records left unclaimed");
+        (pending, drained) = (pending - done, drained + done);
+    }
+    println!(
+        "{} messages × {} records, sequential, batch {}: {drained} records drained",
+        args.messages, args.bindings, args.batch
+    );
+    Ok(())
+}
+
+/// Appends (up to `--in-flight` at once) racing a claim / complete loop.
+async fn concurrent(
+    store: &Arc<SqliteOutboxStore>,
+    args: &Args,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let payload = Bytes::from(vec![b'x'; args.payload]);
+    let total = args.messages * args.bindings;
+    let appending = Arc::new(AtomicBool::new(true));
     let appender = {
-        let (store, appending) = (Arc::clone(&store), Arc::clone(&appending));
+        let (store, appending) = (Arc::clone(store), Arc::clone(&appending));
         let (messages, bindings, in_flight) = (args.messages, args.bindings, args.in_flight);
         tokio::spawn(async move {
             let mut pending = FuturesUnordered::new();
@@ -94,17 +184,11 @@ async fn main() -> anyhow::Result<()> {
                 {
                     waited += r?;
                 }
-                let envelope = envelope(&payload);
-                let now = SystemTime::now();
-                let records = (0..bindings)
-                    .map(|b| {
-                        NewRecord::new(format!("b{b}"), format!("b{b}/x"), envelope.clone(), now)
-                    })
-                    .collect();
+                let next = message(&payload, bindings);
                 let store = Arc::clone(&store);
                 pending.push(async move {
                     let t = Instant::now();
-                    store.append(PARTITION, records).await.map(|_| t.elapsed())
+                    store.append(PARTITION, next).await.map(|_| t.elapsed())
                 });
             }
             while let Some(r) = pending.next().await {
@@ -137,10 +221,7 @@ async fn main() -> anyhow::Result<()> {
         drained += store.complete(PARTITION, 1, &seqs).await?.len();
         complete_time += t.elapsed();
     }
-    let elapsed = started.elapsed();
-    let written = written_bytes() - written_before;
     let (append_elapsed, append_wait) = appender.await??;
-    let commits = store.commits();
     println!(
         "{} messages × {} records, {} synchronous, batch {}, {} appends in flight",
         args.messages,
@@ -150,30 +231,15 @@ async fn main() -> anyhow::Result<()> {
         args.in_flight
     );
     println!(
-        "drained {total} records in {:.2} s: {:.0} records/s ({:.0} messages/s per binding)",
-        elapsed.as_secs_f64(),
-        total as f64 / elapsed.as_secs_f64(),
-        args.messages as f64 / elapsed.as_secs_f64()
-    );
-    println!(
         "appends finished after {:.2} s, {:.2} ms each on average",
         append_elapsed.as_secs_f64(),
         append_wait.as_secs_f64() * 1e3
     );
     println!(
-        "{claims} claims at {:.2} ms, completes at {:.2} ms on average; {commits} commits",
+        "{claims} claims at {:.2} ms, completes at {:.2} ms on average",
         claim_time.as_secs_f64() * 1e3 / f64::from(claims),
         complete_time.as_secs_f64() * 1e3 / f64::from(claims)
     );
-    println!(
-        "{:.0} bytes written per record ({:.1} MiB)",
-        written as f64 / total as f64,
-        written as f64 / f64::from(1 << 20)
-    );
-    Arc::into_inner(store)
-        .context("store still shared")?
-        .close()
-        .await;
     Ok(())
 }
 

@@ -17,8 +17,8 @@ use crate::routes::shared_outbox::OutboxDepth;
 use crate::routes::{RouteBinding, RouteIdentity};
 use crate::stores::memory::{MemoryDlqStore, MemoryLeaseStore, MemoryOutboxStore};
 use crate::stores::{
-    DlqFilter, DlqReason, DlqStore, NewRecord, OutboxRecord, OutboxStats, OutboxStore, PageRequest,
-    Release, StoreError, StoreResult,
+    DlqFilter, DlqReason, DlqStore, NewMessage, NewRecord, OutboxRecord, OutboxStats, OutboxStore,
+    PageRequest, Release, StoreError, StoreResult,
 };
 use crate::transports::{Address, SendError, SendFuture, Sender};
 use futures::future::BoxFuture;
@@ -91,9 +91,9 @@ impl OutboxStore for Faulty {
     fn append<'a>(
         &'a self,
         partition: &'a str,
-        records: Vec<NewRecord>,
+        message: NewMessage,
     ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
-        self.inner.append(partition, records)
+        self.inner.append(partition, message)
     }
 
     fn claim<'a>(
@@ -237,17 +237,16 @@ fn fixture(
 }
 
 async fn append(f: &Fixture, binding: &str, payloads: std::ops::Range<u32>) {
-    let records = payloads
-        .map(|i| {
-            NewRecord::new(
-                binding,
-                format!("out/{binding}"),
-                envelope(&i.to_string(), None),
-                SystemTime::now(),
-            )
-        })
-        .collect();
-    f.outbox.append(P, records).await.expect("append");
+    for i in payloads {
+        put(f, binding, envelope(&i.to_string(), None)).await;
+    }
+}
+
+/// Appends `envelope` as a message for `binding` alone.
+async fn put(f: &Fixture, binding: &str, envelope: Envelope) {
+    let record = NewRecord::new(binding, format!("out/{binding}"));
+    let message = NewMessage::new(envelope, SystemTime::now(), vec![record]);
+    f.outbox.append(P, message).await.expect("append");
 }
 
 async fn cycle(f: &Fixture) -> usize {
@@ -349,11 +348,8 @@ async fn replays_beyond_count_and_budget_are_dead_lettered_without_a_send() {
 async fn expiry_runs_while_disconnected_and_nothing_is_sent() {
     let f = fixture(None, false, (5, Duration::from_secs(900)));
     let past = SystemTime::now() - Duration::from_secs(1);
-    let records = vec![
-        NewRecord::new("x", "out/x", envelope("old", Some(past)), SystemTime::now()),
-        NewRecord::new("y", "out/y", envelope("new", None), SystemTime::now()),
-    ];
-    f.outbox.append(P, records).await.expect("append");
+    put(&f, "x", envelope("old", Some(past))).await;
+    put(&f, "y", envelope("new", None)).await;
     cycle(&f).await;
     assert!(f.sender.sent.lock().expect("lock").is_empty());
     let page = f
@@ -421,19 +417,10 @@ async fn expired_records_past_the_sweep_are_disposed_of_not_claimed_forever() {
     // The sweep takes one batch; the claims meet the other expired records.
     Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 2;
     let past = SystemTime::now() - Duration::from_secs(1);
-    let mut records: Vec<NewRecord> = (0..5)
-        .map(|i| {
-            let e = envelope(&format!("old{i}"), Some(past));
-            NewRecord::new("x", "out/x", e, SystemTime::now())
-        })
-        .collect();
-    records.push(NewRecord::new(
-        "x",
-        "out/x",
-        envelope("live", None),
-        SystemTime::now(),
-    ));
-    f.outbox.append(P, records).await.expect("append");
+    for i in 0..5 {
+        put(&f, "x", envelope(&format!("old{i}"), Some(past))).await;
+    }
+    put(&f, "x", envelope("live", None)).await;
     tokio::time::timeout(Duration::from_secs(5), cycle(&f))
         .await
         .expect("the cycle ends");

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use super::RouteBinding;
 use super::shared_outbox::OutboxDepth;
 use crate::metrics::Terminal;
-use crate::stores::{DlqEntry, NewRecord, OutboxStore};
+use crate::stores::{DlqEntry, NewMessage, NewRecord, OutboxStore};
 use crate::transports::{Address, Sender};
 
 /// Where a route's redriven messages go.
@@ -99,14 +99,10 @@ impl Redrive {
                         entry.binding_id, entry.route_id
                     )
                 })?;
-                let record = NewRecord::new(
-                    binding.id.clone(),
-                    binding.address.clone(),
-                    envelope,
-                    SystemTime::now(),
-                );
+                let record = NewRecord::new(binding.id.clone(), binding.address.clone());
+                let message = NewMessage::new(envelope, SystemTime::now(), vec![record]);
                 outbox
-                    .append(partition, vec![record])
+                    .append(partition, message)
                     .await
                     .map_err(|e| format!("outbox append: {e}"))?;
                 binding.metrics.received(1);

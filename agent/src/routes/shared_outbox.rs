@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use super::hold::StoreHold;
 use super::{Failure, RouteBinding, RouteIdentity, delivery_dlq_id, dispose, with_ttl};
 use crate::metrics::RouteMetrics;
-use crate::stores::{DlqReason, DlqStore, NewRecord, OutboxStore};
+use crate::stores::{DlqReason, DlqStore, NewMessage, NewRecord, OutboxStore};
 use crate::transports::{Delivery, Outcome, Receiver};
 
 /// How often a stopped writer re-reads the partition depth from the store.
@@ -398,11 +398,13 @@ impl Running {
     async fn append(&self, envelope: &Envelope, shutdown: &CancellationToken) -> Outcome {
         let w = &self.writer;
         let now = SystemTime::now();
-        let records = || -> Vec<NewRecord> {
-            w.bindings
+        let message = || {
+            let records = w
+                .bindings
                 .iter()
-                .map(|b| NewRecord::new(b.id.clone(), b.address.clone(), envelope.clone(), now))
-                .collect()
+                .map(|b| NewRecord::new(b.id.clone(), b.address.clone()))
+                .collect();
+            NewMessage::new(envelope.clone(), now, records)
         };
         let appended = self
             .hold
@@ -410,7 +412,7 @@ impl Running {
                 &w.identity.route_id,
                 w.policy.retry_backoff.initial_interval.get(),
                 shutdown,
-                || w.outbox.append(&w.partition, records()),
+                || w.outbox.append(&w.partition, message()),
             )
             .await;
         if appended.is_none() {

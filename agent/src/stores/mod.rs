@@ -11,13 +11,17 @@
 //! # Outbox invariants
 //!
 //! A *partition* (`{bridge}/{route}`) is an ordered set of *records*, one per
-//! envelope and binding. The outbox keeps, per partition, a fencing
-//! *high-water mark* (`hwm`): the highest lease version any claim has shown.
+//! message and binding: `append` takes one message (an envelope) and the
+//! bindings it goes to, and every record of it carries that one envelope
+//! (stored once where the backend can: ADR 0007). The outbox keeps, per
+//! partition, a fencing *high-water mark* (`hwm`): the highest lease version
+//! any claim has shown.
 //!
 //! 1. `seq` is assigned by `append`, strictly increasing per partition and
 //!    never reused, also after records are deleted or the store reopened.
-//! 2. `append` is all or nothing and durable when it returns `Ok`; a record is
-//!    never visible to `claim` before its `append` returned. The other writes
+//! 2. `append` is all or nothing (every record of the message or none) and
+//!    durable when it returns `Ok`; a record is never visible to `claim`
+//!    before its `append` returned. The other writes
 //!    are atomic too, but a durable backend may let a power loss take back
 //!    the latest of them (never an append acknowledged before them): that
 //!    only makes records pending again, to be sent once more.
@@ -39,7 +43,10 @@
 //! 7. `expire` claims (fenced like `claim`) only pending records whose
 //!    `expires_at` has passed, so that the caller can write their DLQ entries
 //!    before it `complete`s them; `complete` is the only deletion, so the
-//!    store does not grow beyond what is not yet delivered.
+//!    store does not grow beyond what is not yet delivered: a message's
+//!    envelope is deleted with the last of its records.
+//! 8. Records returned by one call share one `Arc` of their message's
+//!    envelope: a fan-out is decoded and held once, not once per binding.
 //!
 //! # Leases
 //!
@@ -77,7 +84,7 @@ pub mod conformance;
 
 pub use dlq::{DlqEntry, DlqFilter, DlqPage, DlqReason, DlqStat, DlqStats, PageRequest};
 pub use lease::{Acquired, Grant, Lease, LeaseState};
-pub use outbox::{BindingStats, Claim, NewRecord, OutboxRecord, OutboxStats, Release};
+pub use outbox::{BindingStats, Claim, NewMessage, NewRecord, OutboxRecord, OutboxStats, Release};
 
 /// A boxed `Send` future: what the store traits return so that they can be
 /// used as trait objects.
@@ -157,12 +164,13 @@ impl StoreError {
 /// The outbox: per-partition, fenced, ordered records (see the module
 /// invariants).
 pub trait OutboxStore: Send + Sync + 'static {
-    /// Appends `records` to `partition` in one transaction and returns the
-    /// seqs assigned, in the order given. Durable when it returns `Ok`.
+    /// Appends `message` to `partition` in one transaction, a record per
+    /// entry of `message.records`, and returns the seqs assigned in that
+    /// order. Durable when it returns `Ok`.
     fn append<'a>(
         &'a self,
         partition: &'a str,
-        records: Vec<NewRecord>,
+        message: NewMessage,
     ) -> BoxFuture<'a, StoreResult<Vec<u64>>>;
 
     /// Claims up to `limit` records for `owner` under lease `version`:

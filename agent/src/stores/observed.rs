@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::{
     Acquired, BoxFuture, DlqEntry, DlqFilter, DlqPage, DlqStats, DlqStore, Lease, LeaseState,
-    LeaseStore, NewRecord, OutboxRecord, OutboxStats, OutboxStore, PageRequest, Release,
+    LeaseStore, NewMessage, OutboxRecord, OutboxStats, OutboxStore, PageRequest, Release,
     StoreError, StoreResult,
 };
 use crate::health::{Readiness, ReadinessCondition};
@@ -210,10 +210,10 @@ impl OutboxStore for Observed<dyn OutboxStore> {
     fn append<'a>(
         &'a self,
         partition: &'a str,
-        records: Vec<NewRecord>,
+        message: NewMessage,
     ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
         self.observer
-            .observe("append", self.inner.append(partition, records))
+            .observe("append", self.inner.append(partition, message))
     }
 
     fn claim<'a>(

@@ -1,13 +1,40 @@
 //! Outbox record types, shared by every backend.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ferry_shared::envelope::Envelope;
 
 use super::{StoreError, StoreResult};
 
-/// A record to append: one envelope for one binding.
+/// A message to append: one envelope for one or more bindings. The outbox
+/// stores the envelope once and a record per binding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewMessage {
+    /// The message.
+    pub envelope: Envelope,
+    /// When the message was written.
+    pub created_at: SystemTime,
+    /// When its records stop being worth delivering.
+    pub expires_at: Option<SystemTime>,
+    /// One record per binding, in the order their seqs are assigned.
+    pub records: Vec<NewRecord>,
+}
+
+impl NewMessage {
+    /// A message for `records`, expiring when the envelope does.
+    pub fn new(envelope: Envelope, created_at: SystemTime, records: Vec<NewRecord>) -> Self {
+        NewMessage {
+            expires_at: envelope.expires_at,
+            envelope,
+            created_at,
+            records,
+        }
+    }
+}
+
+/// One binding's record of a [`NewMessage`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewRecord {
     /// Unique record id (a UUIDv7 from [`NewRecord::new`]); the id of the DLQ
@@ -17,29 +44,15 @@ pub struct NewRecord {
     pub binding: String,
     /// The address the binding sends to.
     pub address: String,
-    /// The message.
-    pub envelope: Envelope,
-    /// When the record was written.
-    pub created_at: SystemTime,
-    /// When the record stops being worth delivering.
-    pub expires_at: Option<SystemTime>,
 }
 
 impl NewRecord {
-    /// A record with a fresh UUIDv7 id, expiring when the envelope does.
-    pub fn new(
-        binding: impl Into<String>,
-        address: impl Into<String>,
-        envelope: Envelope,
-        created_at: SystemTime,
-    ) -> Self {
+    /// A record with a fresh UUIDv7 id.
+    pub fn new(binding: impl Into<String>, address: impl Into<String>) -> Self {
         NewRecord {
             id: uuid::Uuid::now_v7().to_string(),
             binding: binding.into(),
             address: address.into(),
-            expires_at: envelope.expires_at,
-            envelope,
-            created_at,
         }
     }
 }
@@ -57,8 +70,9 @@ pub struct OutboxRecord {
     pub binding: String,
     /// The address the binding sends to.
     pub address: String,
-    /// The message.
-    pub envelope: Envelope,
+    /// The message, shared by the records of one message that one call
+    /// returns.
+    pub envelope: Arc<Envelope>,
     /// When the record was appended.
     pub created_at: SystemTime,
     /// When it stops being worth delivering.
@@ -148,11 +162,11 @@ pub struct OutboxStats {
 }
 
 /// Checks what `append` refuses, before anything is written.
-pub(crate) fn validate_append(partition: &str, records: &[NewRecord]) -> StoreResult<()> {
+pub(crate) fn validate_append(partition: &str, message: &NewMessage) -> StoreResult<()> {
     if partition.is_empty() {
         return Err(StoreError::Invalid("empty partition".into()));
     }
-    for (i, r) in records.iter().enumerate() {
+    for (i, r) in message.records.iter().enumerate() {
         if r.id.is_empty() {
             return Err(StoreError::Invalid(format!("records[{i}]: empty id")));
         }

@@ -1,5 +1,7 @@
 //! The agent's own backends under the conformance suites.
 
+use std::sync::Arc;
+
 use super::{Guard, Harness, OutboxHarness, STALE};
 use crate::stores::memory::{MemoryDlqStore, MemoryLeaseStore, MemoryOutboxStore};
 use crate::stores::sqlite::{
@@ -29,6 +31,17 @@ impl OutboxHarness for MemoryOutboxStore {
     fn dump<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
         Box::pin(async move { MemoryOutboxStore::dump(self, partition) })
     }
+
+    fn envelopes<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<usize>> {
+        // The records of a message hold one `Arc` of its envelope.
+        Box::pin(async move {
+            let records = MemoryOutboxStore::dump(self, partition)?;
+            let mut shared: Vec<_> = records.iter().map(|r| Arc::as_ptr(&r.envelope)).collect();
+            shared.sort_unstable();
+            shared.dedup();
+            Ok(shared.len())
+        })
+    }
 }
 
 impl Harness for SqliteOutboxStore {
@@ -47,6 +60,10 @@ impl Harness for SqliteOutboxStore {
 impl OutboxHarness for SqliteOutboxStore {
     fn dump<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
         Box::pin(SqliteOutboxStore::dump(self, partition))
+    }
+
+    fn envelopes<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<usize>> {
+        Box::pin(SqliteOutboxStore::envelopes(self, partition))
     }
 }
 

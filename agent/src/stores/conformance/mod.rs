@@ -33,6 +33,8 @@ mod model;
 #[cfg(test)]
 pub(crate) mod outbox;
 #[cfg(test)]
+mod power_loss;
+#[cfg(test)]
 mod sigkill;
 
 #[cfg(test)]
@@ -55,10 +57,13 @@ pub trait Harness: Sized + Send + Sync + 'static {
     fn reopen(self) -> BoxFuture<'static, Self>;
 }
 
-/// Outbox backends also show every record of a partition.
+/// Outbox backends also show every record of a partition, and how many
+/// envelopes they keep for it.
 #[cfg(test)]
 pub(crate) trait OutboxHarness: Harness {
     fn dump<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>>;
+    /// Envelopes stored for `partition`: one per message with a record left.
+    fn envelopes<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<usize>>;
 }
 
 /// A fixed point in time plus `secs`, so tests never read the clock.

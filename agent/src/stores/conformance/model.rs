@@ -1,23 +1,27 @@
 //! Model-based property test of the outbox: random sequences of append,
 //! claim, complete, release, expire, clock steps and reopenings run against
 //! a deliberately simple model (a sorted `Vec` per partition) and a backend;
-//! every answer and, after every step, every stored record must agree.
+//! every answer and, after every step, every stored record and the number of
+//! envelopes kept (one per message with a record left) must agree.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use proptest::prelude::*;
 
 use super::{OutboxHarness, STALE, envelope, t};
-use crate::stores::{Claim, NewRecord, OutboxRecord, OutboxStore, Release, StoreError};
+use crate::stores::{Claim, NewMessage, NewRecord, OutboxRecord, OutboxStore, Release, StoreError};
 
 const PARTITIONS: [&str; 2] = ["p0", "p1"];
 
 #[derive(Clone, Debug)]
 enum Op {
-    /// (binding, seconds to expiry); `poison` adds a record with no binding.
+    /// One message for `bindings`, expiring after `ttl` seconds; `poison`
+    /// adds a record with no binding.
     Append {
         p: usize,
-        records: Vec<(u8, Option<u8>)>,
+        bindings: Vec<u8>,
+        ttl: Option<u8>,
         poison: bool,
     },
     Claim {
@@ -104,8 +108,8 @@ fn op() -> impl Strategy<Value = Op> {
     ];
     let seqs = proptest::collection::vec(pick, 0..5);
     prop_oneof![
-        3 => (p.clone(), proptest::collection::vec((0u8..3, proptest::option::of(0u8..60)), 1..4), proptest::bool::weighted(0.1))
-            .prop_map(|(p, records, poison)| Op::Append { p, records, poison }),
+        3 => (p.clone(), proptest::collection::vec(0u8..3, 1..4), proptest::option::of(0u8..60), proptest::bool::weighted(0.1))
+            .prop_map(|(p, bindings, ttl, poison)| Op::Append { p, bindings, ttl, poison }),
         3 => (p.clone(), 0u8..2, version.clone(), 0usize..5)
             .prop_map(|(p, owner, version, limit)| Op::Claim { p, owner, version, limit }),
         2 => (p.clone(), version.clone(), seqs.clone())
@@ -147,6 +151,20 @@ struct Partition {
     records: Vec<OutboxRecord>,
 }
 
+impl Partition {
+    /// Messages with a record left: each envelope has a fresh id.
+    fn messages(&self) -> usize {
+        let mut ids: Vec<&str> = self
+            .records
+            .iter()
+            .map(|r| r.envelope.id.as_str())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
+    }
+}
+
 /// The model: each rule of the contract written the plainest way.
 #[derive(Default)]
 struct Model {
@@ -160,13 +178,14 @@ impl Model {
         (version.resolve(part.hwm), seqs)
     }
 
-    fn append(&mut self, p: usize, records: &[NewRecord]) -> Answer {
-        if records.iter().any(|r| r.binding.is_empty()) {
+    fn append(&mut self, p: usize, message: &NewMessage) -> Answer {
+        if message.records.iter().any(|r| r.binding.is_empty()) {
             return Answer::Error("invalid");
         }
         let part = &mut self.partitions[p];
+        let envelope = Arc::new(message.envelope.clone());
         let mut seqs = Vec::new();
-        for r in records {
+        for r in &message.records {
             part.last_seq += 1;
             seqs.push(part.last_seq);
             part.records.push(OutboxRecord {
@@ -175,9 +194,9 @@ impl Model {
                 id: r.id.clone(),
                 binding: r.binding.clone(),
                 address: r.address.clone(),
-                envelope: r.envelope.clone(),
-                created_at: r.created_at,
-                expires_at: r.expires_at,
+                envelope: Arc::clone(&envelope),
+                created_at: message.created_at,
+                expires_at: message.expires_at,
                 claim: None,
                 replay_count: 0,
                 first_attempt_at: None,
@@ -298,22 +317,26 @@ async fn check<S: OutboxHarness + OutboxStore>(
     let mut now = t(0);
     for (step, op) in ops.into_iter().enumerate() {
         let (want, got) = match &op {
-            Op::Append { p, records, poison } => {
-                let mut new: Vec<NewRecord> = records
+            Op::Append {
+                p,
+                bindings,
+                ttl,
+                poison,
+            } => {
+                let mut records: Vec<NewRecord> = bindings
                     .iter()
-                    .map(|(b, ttl)| NewRecord {
-                        expires_at: ttl.map(|s| now + Duration::from_secs(s.into())),
-                        ..NewRecord::new(format!("b{b}"), "addr", envelope("m"), now)
-                    })
+                    .map(|b| NewRecord::new(format!("b{b}"), "addr"))
                     .collect();
                 if *poison {
-                    let mut bad = NewRecord::new("x", "addr", envelope("m"), now);
-                    bad.binding.clear();
-                    new.insert(new.len() / 2, bad);
+                    records.insert(records.len() / 2, NewRecord::new("", "addr"));
                 }
+                let message = NewMessage {
+                    expires_at: ttl.map(|s| now + Duration::from_secs(s.into())),
+                    ..NewMessage::new(envelope("m"), now, records)
+                };
                 (
-                    model.append(*p, &new),
-                    answer(store.append(PARTITIONS[*p], new).await),
+                    model.append(*p, &message),
+                    answer(store.append(PARTITIONS[*p], message).await),
                 )
             }
             Op::Claim {
@@ -397,6 +420,17 @@ async fn check<S: OutboxHarness + OutboxStore>(
                 &model.partitions[i].records,
                 &stored,
                 "step {}: {:?}",
+                step,
+                op
+            );
+            let envelopes = store
+                .envelopes(p)
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(
+                model.partitions[i].messages(),
+                envelopes,
+                "envelopes kept after step {}: {:?}",
                 step,
                 op
             );

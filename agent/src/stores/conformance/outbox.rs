@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{OutboxHarness, STALE, envelope, t, unique};
-use crate::stores::{NewRecord, OutboxRecord, OutboxStore, Release, StoreError};
+use crate::stores::{NewMessage, NewRecord, OutboxRecord, OutboxStore, Release, StoreError};
 
 /// Instantiates every test of this suite for a backend.
 macro_rules! outbox_conformance {
@@ -23,13 +23,19 @@ macro_rules! outbox_conformance {
             expire_claims_only_pending_past_expiry,
             stats_match_records,
             partitions_are_independent,
+            a_message_is_stored_once_until_its_last_record_completes,
         );
     };
 }
 pub(crate) use outbox_conformance;
 
-fn rec(binding: &str, name: &str) -> NewRecord {
-    NewRecord::new(binding, format!("{binding}/topic"), envelope(name), t(0))
+/// A message named `name` for `bindings`, each sending to `{binding}/topic`.
+fn msg(name: &str, bindings: &[&str]) -> NewMessage {
+    let records = bindings
+        .iter()
+        .map(|b| NewRecord::new(*b, format!("{b}/topic")))
+        .collect();
+    NewMessage::new(envelope(name), t(0), records)
 }
 
 fn seqs(records: &[OutboxRecord]) -> Vec<u64> {
@@ -43,9 +49,11 @@ fn assert_stale<T: std::fmt::Debug>(r: Result<T, StoreError>) {
     );
 }
 
+/// Appends one message for `bindings`, named after them (`"a,b"`).
 async fn append_n<S: OutboxStore>(s: &S, p: &str, bindings: &[&str]) -> Vec<u64> {
-    let records = bindings.iter().map(|b| rec(b, b)).collect();
-    s.append(p, records).await.expect("append")
+    s.append(p, msg(&bindings.join(","), bindings))
+        .await
+        .expect("append")
 }
 
 pub(crate) async fn append_assigns_increasing_seqs_never_reused<S: OutboxHarness + OutboxStore>(
@@ -68,31 +76,35 @@ pub(crate) async fn append_assigns_increasing_seqs_never_reused<S: OutboxHarness
         third[0],
         all[3]
     );
-    assert_eq!(s.append(&p, vec![]).await, Ok(vec![]));
+    assert_eq!(s.append(&p, msg("nowhere", &[])).await, Ok(vec![]));
+    assert_eq!(
+        s.envelopes(&p).await,
+        Ok(1),
+        "a message without records is not stored"
+    );
 }
 
 pub(crate) async fn append_is_all_or_nothing<S: OutboxHarness + OutboxStore>(s: S) {
     let p = unique("p");
     append_n(&s, &p, &["a"]).await;
-    let mut bad = rec("", "no binding");
-    bad.binding.clear();
-    let r = s.append(&p, vec![rec("a", "x"), bad, rec("b", "y")]).await;
+    let r = s.append(&p, msg("no binding", &["a", "", "b"])).await;
     assert!(matches!(r, Err(StoreError::Invalid(_))), "{r:?}");
     assert!(r.as_ref().err().is_some_and(StoreError::outcome_known));
-    let mut no_id = rec("a", "no id");
-    no_id.id.clear();
+    let mut no_id = msg("no id", &["a"]);
+    no_id.records[0].id.clear();
     assert!(matches!(
-        s.append(&p, vec![no_id]).await,
+        s.append(&p, no_id).await,
         Err(StoreError::Invalid(_))
     ));
     assert!(matches!(
-        s.append("", vec![rec("a", "x")]).await,
+        s.append("", msg("x", &["a"])).await,
         Err(StoreError::Invalid(_))
     ));
     let s = s.reopen().await;
     let left = s.dump(&p).await.expect("dump");
-    assert_eq!(left.len(), 1, "a refused batch left records: {left:?}");
+    assert_eq!(left.len(), 1, "a refused message left records: {left:?}");
     assert_eq!(s.stats(&p).await.expect("stats").total.depth, 1);
+    assert_eq!(s.envelopes(&p).await, Ok(1));
 }
 
 pub(crate) async fn acknowledged_appends_are_visible_and_durable<S: OutboxHarness + OutboxStore>(
@@ -109,9 +121,12 @@ pub(crate) async fn acknowledged_appends_are_visible_and_durable<S: OutboxHarnes
         writers.push(tokio::spawn(async move {
             let mut acked = Vec::new();
             for i in 0..10 {
-                let r = rec(&format!("b{w}"), &format!("{w}-{i}"));
-                let seq = s.append(&p, vec![r.clone()]).await.expect("append");
-                acked.push((seq[0], r));
+                let (x, y) = (format!("b{w}x"), format!("b{w}y"));
+                let m = msg(&format!("{w}-{i}"), &[&x, &y]);
+                let seqs = s.append(&p, m.clone()).await.expect("append");
+                for (seq, r) in seqs.into_iter().zip(m.records) {
+                    acked.push((seq, r.id, m.envelope.clone()));
+                }
             }
             acked
         }));
@@ -134,10 +149,11 @@ pub(crate) async fn acknowledged_appends_are_visible_and_durable<S: OutboxHarnes
     let claimed = claimer.await.expect("claimer");
     let s = Arc::into_inner(s).expect("sole owner").reopen().await;
     let stored = s.dump(&p).await.expect("dump");
-    assert_eq!(stored.len(), 80);
-    acked.sort_by_key(|(seq, _)| *seq);
-    for ((seq, new), r) in acked.iter().zip(&stored) {
-        assert_eq!((*seq, &new.id, &new.envelope), (r.seq, &r.id, &r.envelope));
+    assert_eq!(stored.len(), 160);
+    assert_eq!(s.envelopes(&p).await, Ok(80));
+    acked.sort_by_key(|(seq, _, _)| *seq);
+    for ((seq, id, envelope), r) in acked.iter().zip(&stored) {
+        assert_eq!((*seq, id, envelope), (r.seq, &r.id, &*r.envelope));
     }
     let mut claimed_seqs = seqs(&claimed);
     claimed_seqs.sort_unstable();
@@ -170,7 +186,14 @@ pub(crate) async fn claim_is_oldest_first_per_binding<S: OutboxHarness + OutboxS
     }
     let r = &all[0];
     assert_eq!((r.binding.as_str(), r.address.as_str()), ("a", "a/topic"));
-    assert_eq!(r.envelope.payload.as_ref(), b"a");
+    assert_eq!(r.envelope.payload.as_ref(), b"a,b,c");
+    // The records of a message returned by one call share its envelope.
+    assert!(
+        all[..3]
+            .iter()
+            .all(|x| Arc::ptr_eq(&x.envelope, &r.envelope))
+    );
+    assert_eq!(all[3].envelope.payload.as_ref(), b"c,a,b");
     let claim = r.claim.as_ref().expect("claimed");
     assert_eq!(
         (claim.version, claim.owner.as_str(), claim.claimed_at),
@@ -315,23 +338,20 @@ pub(crate) async fn stale_own_claim_comes_back<S: OutboxHarness + OutboxStore>(s
 
 pub(crate) async fn expire_claims_only_pending_past_expiry<S: OutboxHarness + OutboxStore>(s: S) {
     let p = unique("p");
-    let expiring = |b: &str, at| NewRecord {
+    let expiring = |b: &str, at| NewMessage {
         expires_at: at,
-        ..rec(b, b)
+        ..msg(b, &[b])
     };
-    let seqs_in = s
-        .append(
-            &p,
-            vec![
-                expiring("claimed", Some(t(10))),
-                expiring("due1", Some(t(10))),
-                expiring("due2", Some(t(5))),
-                expiring("later", Some(t(20))),
-                expiring("never", None),
-            ],
-        )
-        .await
-        .expect("append");
+    let mut seqs_in = Vec::new();
+    for m in [
+        expiring("claimed", Some(t(10))),
+        expiring("due1", Some(t(10))),
+        expiring("due2", Some(t(5))),
+        expiring("later", Some(t(20))),
+        expiring("never", None),
+    ] {
+        seqs_in.extend(s.append(&p, m).await.expect("append"));
+    }
     s.claim(&p, "o", 1, 1, t(1)).await.expect("claim");
     assert!(
         s.expire(&p, "o", 1, t(4), 10)
@@ -381,13 +401,13 @@ pub(crate) async fn stats_match_records<S: OutboxHarness + OutboxStore>(s: S) {
     let p = unique("p");
     let empty = s.stats(&p).await.expect("stats");
     assert_eq!((empty.total.depth, empty.high_water_mark), (0, 0));
-    let at = |b: &str, secs| NewRecord {
+    let at = |b: &str, secs| NewMessage {
         created_at: t(secs),
-        ..rec(b, b)
+        ..msg(b, &[b])
     };
-    s.append(&p, vec![at("a", 5), at("b", 3), at("a", 7), at("b", 1)])
-        .await
-        .expect("append");
+    for m in [at("a", 5), at("b", 3), at("a", 7), at("b", 1)] {
+        s.append(&p, m).await.expect("append");
+    }
     s.claim(&p, "o", 2, 2, t(10)).await.expect("claim"); // a@5, b@3
     let s = s.reopen().await;
     let st = s.stats(&p).await.expect("stats");
@@ -429,4 +449,45 @@ pub(crate) async fn partitions_are_independent<S: OutboxHarness + OutboxStore>(s
     let s = s.reopen().await;
     assert_eq!(s.stats(&p).await.expect("stats").high_water_mark, 9);
     assert_eq!(s.stats(&q).await.expect("stats").high_water_mark, 1);
+}
+
+pub(crate) async fn a_message_is_stored_once_until_its_last_record_completes<
+    S: OutboxHarness + OutboxStore,
+>(
+    s: S,
+) {
+    let p = unique("p");
+    let fan_out = msg("fan-out", &["a", "b", "c"]);
+    let fan = s.append(&p, fan_out.clone()).await.expect("append");
+    let other = append_n(&s, &p, &["a"]).await;
+    assert_eq!(s.envelopes(&p).await, Ok(2));
+    let got = s.claim(&p, "o", 1, 10, t(1)).await.expect("claim");
+    assert_eq!(got.len(), 4);
+    // Two of the fan-out's records and the other message are delivered.
+    let done = [fan[0], fan[2], other[0]];
+    assert_eq!(s.complete(&p, 1, &done).await, Ok(done.to_vec()));
+    let s = s.reopen().await;
+    assert_eq!(s.envelopes(&p).await, Ok(1));
+    let left = s.dump(&p).await.expect("dump");
+    assert_eq!(seqs(&left), vec![fan[1]]);
+    assert_eq!(
+        *left[0].envelope, fan_out.envelope,
+        "the envelope outlives two completions"
+    );
+    // Failed, taken again under a new lease, and finally delivered.
+    let failed = Release::Failed {
+        error: "e".into(),
+        attempted_at: t(2),
+    };
+    assert_eq!(s.release(&p, 1, &[fan[1]], failed).await, Ok(vec![fan[1]]));
+    let again = s.claim(&p, "o", 2, 10, t(3)).await.expect("claim");
+    assert_eq!((again.len(), &*again[0].envelope), (1, &fan_out.envelope));
+    assert_eq!(s.complete(&p, 2, &[fan[1]]).await, Ok(vec![fan[1]]));
+    let s = s.reopen().await;
+    assert_eq!(
+        s.envelopes(&p).await,
+        Ok(0),
+        "the envelope goes with its last record"
+    );
+    assert!(s.dump(&p).await.expect("dump").is_empty());
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::{envelope, sqlite_options, t};
 use crate::stores::sqlite::{SqliteOptions, SqliteOutboxStore};
-use crate::stores::{NewRecord, OutboxStore};
+use crate::stores::{NewMessage, NewRecord, OutboxStore};
 
 const CHILD_DB: &str = "FERRY_SIGKILL_CHILD_DB";
 const PARTITION: &str = "bridge/route";
@@ -36,17 +36,11 @@ fn sigkill_child() {
                 for i in 0.. {
                     // A fan-out of three records, as a route writes them.
                     let records: Vec<NewRecord> = (0..3)
-                        .map(|b| {
-                            NewRecord::new(
-                                format!("b{b}"),
-                                "a",
-                                envelope(&format!("{w}-{i}")),
-                                t(0),
-                            )
-                        })
+                        .map(|b| NewRecord::new(format!("b{b}"), "a"))
                         .collect();
                     let ids: Vec<String> = records.iter().map(|r| r.id.clone()).collect();
-                    let seqs = store.append(PARTITION, records).await.expect("append");
+                    let message = NewMessage::new(envelope(&format!("{w}-{i}")), t(0), records);
+                    let seqs = store.append(PARTITION, message).await.expect("append");
                     for (seq, id) in seqs.iter().zip(ids) {
                         println!("acked {seq} {id}");
                     }

@@ -1,13 +1,14 @@
-//! The memory outbox: a `BTreeMap` of records per partition.
+//! The memory outbox: a `BTreeMap` of records per partition; the records of
+//! one message hold one `Arc` of its envelope.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use super::lock;
 use crate::stores::outbox::{claim_is_stale, stale, validate_append};
 use crate::stores::{
-    BoxFuture, Claim, NewRecord, OutboxRecord, OutboxStats, OutboxStore, Release, StoreResult,
+    BoxFuture, Claim, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release, StoreResult,
 };
 
 /// An outbox kept in process memory.
@@ -85,12 +86,13 @@ impl MemoryOutboxStore {
             .unwrap_or_default())
     }
 
-    fn append_now(&self, partition: &str, records: Vec<NewRecord>) -> StoreResult<Vec<u64>> {
-        validate_append(partition, &records)?;
+    fn append_now(&self, partition: &str, message: NewMessage) -> StoreResult<Vec<u64>> {
+        validate_append(partition, &message)?;
         let mut parts = lock(&self.partitions)?;
         let p = parts.entry(partition.to_owned()).or_default();
-        let mut seqs = Vec::with_capacity(records.len());
-        for r in records {
+        let envelope = Arc::new(message.envelope);
+        let mut seqs = Vec::with_capacity(message.records.len());
+        for r in message.records {
             p.last_seq += 1;
             let seq = p.last_seq;
             seqs.push(seq);
@@ -102,9 +104,9 @@ impl MemoryOutboxStore {
                     id: r.id,
                     binding: r.binding,
                     address: r.address,
-                    envelope: r.envelope,
-                    created_at: r.created_at,
-                    expires_at: r.expires_at,
+                    envelope: Arc::clone(&envelope),
+                    created_at: message.created_at,
+                    expires_at: message.expires_at,
                     claim: None,
                     replay_count: 0,
                     first_attempt_at: None,
@@ -242,9 +244,9 @@ impl OutboxStore for MemoryOutboxStore {
     fn append<'a>(
         &'a self,
         partition: &'a str,
-        records: Vec<NewRecord>,
+        message: NewMessage,
     ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
-        Box::pin(async move { self.append_now(partition, records) })
+        Box::pin(async move { self.append_now(partition, message) })
     }
 
     fn claim<'a>(

@@ -34,7 +34,7 @@ use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use super::{StoreError, StoreResult};
-use writer::Writer;
+use writer::{PageLimit, Writer};
 
 /// Prepared statements kept per connection: more than the stores use, so a
 /// statement is parsed once per connection.
@@ -64,7 +64,9 @@ pub struct SqliteOptions {
     /// back to the same owner (default 30 s).
     pub stale_claim_duration: Duration,
     /// The largest the database file may grow (`max_page_count`); a write
-    /// that needs more fails with [`StoreError::Full`]. `None`: no limit.
+    /// that needs more fails with [`StoreError::Full`]. Synced writes
+    /// (appends, DLQ puts) stop an eighth below it, so that drain writes
+    /// still fit (see [`writer`]). `None`: no limit.
     pub max_size_bytes: Option<u64>,
 }
 
@@ -166,18 +168,27 @@ impl Db {
         schema: fn(&Connection) -> StoreResult<()>,
     ) -> StoreResult<Self> {
         let full = options.synchronous == Synchronous::Full;
-        let (write, read) = tokio::task::spawn_blocking(move || {
+        let (write, read, limit) = tokio::task::spawn_blocking(move || {
             let write = connect(&options)?;
             // Before the first table: the file shrinks after a backlog.
             vacuum::enable_incremental(&write, &options.path)?;
             schema(&write)?;
             let read = connect(&options)?;
-            Ok::<_, StoreError>((write, read))
+            let limit = match options.max_size_bytes {
+                Some(_) => {
+                    let pages: i64 = write
+                        .query_row("PRAGMA max_page_count", [], |r| r.get(0))
+                        .map_err(sql_error)?;
+                    Some(PageLimit(to_u64(pages)?))
+                }
+                None => None,
+            };
+            Ok::<_, StoreError>((write, read, limit))
         })
         .await
         .map_err(|e| StoreError::Unavailable(format!("open task failed: {e}")))??;
         Ok(Db {
-            writer: Writer::start(write, name, full)?,
+            writer: Writer::start(write, name, full, limit)?,
             reader: Arc::new(Mutex::new(read)),
         })
     }
@@ -247,12 +258,17 @@ mod tests {
 
     use super::*;
     use crate::stores::conformance::{envelope, sqlite_options, t};
-    use crate::stores::{NewRecord, OutboxStore};
+    use crate::stores::{NewMessage, NewRecord, OutboxStore, Release};
 
-    fn big_record(i: usize) -> NewRecord {
-        let mut e = envelope(&format!("m{i}"));
-        e.payload = Bytes::from(vec![b'x'; 16 * 1024]);
-        NewRecord::new("x", "out", e, t(0))
+    /// A message for binding `x` with a payload of `kib` KiB.
+    fn message(name: &str, kib: usize) -> NewMessage {
+        let mut e = envelope(name);
+        e.payload = Bytes::from(vec![b'x'; kib * 1024]);
+        NewMessage::new(e, t(0), vec![NewRecord::new("x", "out")])
+    }
+
+    fn big_record(i: usize) -> NewMessage {
+        message(&format!("m{i}"), 16)
     }
 
     /// `max_size_bytes` is a full disk the tests can make: an append that
@@ -270,7 +286,7 @@ mod tests {
             .expect("open");
         let mut appended = 0;
         let error = loop {
-            match store.append("p", vec![big_record(appended)]).await {
+            match store.append("p", big_record(appended)).await {
                 Ok(_) => appended += 1,
                 Err(e) => break e,
             }
@@ -289,11 +305,60 @@ mod tests {
         .await
         .expect("reopen");
         store
-            .append("p", vec![big_record(appended)])
+            .append("p", big_record(appended))
             .await
             .expect("room again");
         let stats = store.stats("p").await.expect("stats");
         assert_eq!(stats.total.depth, appended as u64 + 1);
+        store.close().await;
+    }
+
+    /// A full outbox drains: claims (which grow the record rows they mark)
+    /// and completions still fit once appends no longer do, so room comes
+    /// back and appends go on.
+    #[tokio::test]
+    async fn a_full_outbox_still_claims_and_completes() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let limited = SqliteOptions {
+            max_size_bytes: Some(128 * 1024),
+            ..sqlite_options(&dir, "outbox.db")
+        };
+        let store = SqliteOutboxStore::open(limited).await.expect("open");
+        let mut appended = 0u64;
+        loop {
+            match store.append("p", message(&format!("m{appended}"), 1)).await {
+                Ok(_) => appended += 1,
+                Err(StoreError::Full(_)) => break,
+                Err(e) => panic!("{e}"),
+            }
+            assert!(appended < 1000, "the size limit never applied");
+        }
+        // Sends fail (their errors are stored), a restart takes everything
+        // back under a new version, and then the records are delivered.
+        let owner = "a-drainer-with-a-long-owner-id/bridge/route";
+        let mut seqs = Vec::new();
+        for version in 1..=3 {
+            let claimed = store
+                .claim("p", owner, version, 500, t(version))
+                .await
+                .expect("claim when full");
+            assert_eq!(claimed.len() as u64, appended);
+            seqs = claimed.iter().map(|r| r.seq).collect();
+            let failed = Release::Failed {
+                error: format!("connection refused by the destination {}", "x".repeat(200)),
+                attempted_at: t(version),
+            };
+            let released = store
+                .release("p", version, &seqs[..seqs.len() / 2], failed)
+                .await;
+            assert_eq!(released.expect("release when full").len(), seqs.len() / 2);
+        }
+        store.claim("p", owner, 4, 500, t(4)).await.expect("claim");
+        assert_eq!(store.complete("p", 4, &seqs).await, Ok(seqs));
+        store
+            .append("p", message("after", 1))
+            .await
+            .expect("room again");
         store.close().await;
     }
 
@@ -316,14 +381,11 @@ mod tests {
             .await
             .expect("open");
         for chunk in 0..RECORDS / 100 {
-            let records = (0..100)
-                .map(|i| {
-                    let mut e = envelope(&format!("m{chunk}-{i}"));
-                    e.payload = Bytes::from(vec![b'x'; 4 * 1024]);
-                    NewRecord::new("x", "out", e, t(0))
-                })
-                .collect();
-            store.append("p", records).await.expect("append");
+            // A hundred at once share a commit (group commit).
+            let appends = (0..100).map(|i| store.append("p", message(&format!("m{chunk}-{i}"), 4)));
+            futures::future::try_join_all(appends)
+                .await
+                .expect("append");
         }
         let grown = file_bytes(&dir, "outbox.db");
         assert!(grown > 12_000_000, "the backlog took {grown} bytes");

@@ -1,10 +1,41 @@
-//! The SQLite outbox. Every operation but `stats` is one job of the writer
-//! (so it is atomic and, when answered, committed); `stats` reads on the
-//! read connection. Only `append` waits for an fsync: a claim, completion,
-//! release or expiry lost to a power cut makes a record pending again, so it
-//! is sent once more — at-least-once holds — while an acknowledged append
-//! lost would be a message lost.
+//! The SQLite outbox: the envelope stored once per message, a narrow row per
+//! binding (`docs/adr/0007-outbox-layout.md`).
+//!
+//! # Layout
+//!
+//! - `outbox_partitions`: a row per partition with its fencing `hwm`, the
+//!   `last_seq` assigned, and `pid`, the integer the other tables key on
+//!   instead of the name.
+//! - `outbox_messages`: a row per appended message: the encoded envelope and
+//!   the seqs `first_seq..=last_seq` its records were given.
+//! - `outbox_records`: a row per (message, binding), keyed `(pid, seq)`
+//!   (`WITHOUT ROWID`): the record's own fields and the state that claims,
+//!   completions and releases change, but not the envelope.
+//!
+//! # Invariants
+//!
+//! 1. An append writes its message row and every record of it in one job.
+//!    Its records get consecutive seqs, the message row's
+//!    `first_seq..=last_seq`: the ranges of two messages of one partition
+//!    never overlap, and a record's `msg` is the message whose range holds
+//!    its seq.
+//! 2. The job that deletes the last record of a message's range deletes the
+//!    message row (`complete` is the only deletion): no envelope outlives its
+//!    records, and none is deleted before them.
+//! 3. Claims, completions, releases and expiries write `outbox_records` and
+//!    its indexes only, never a page of an envelope; a completion also
+//!    deletes the message rows it emptied.
+//! 4. A call that returns records decodes each message's envelope once and
+//!    gives its records one `Arc` of it.
+//!
+//! Every operation but `stats` is one job of the writer (atomic and, when
+//! answered, committed); `stats` reads on the read connection. Only `append`
+//! waits for an fsync: a claim, completion, release or expiry lost to a power
+//! cut makes a record pending again, so it is sent once more — at-least-once
+//! holds — while an acknowledged append lost would be a message lost.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ferry_shared::envelope::Envelope;
@@ -13,13 +44,17 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::{Db, SqliteOptions, schema, sql_error, to_i64, to_u64};
 use crate::stores::outbox::{stale, validate_append};
 use crate::stores::{
-    BindingStats, BoxFuture, Claim, NewRecord, OutboxRecord, OutboxStats, OutboxStore, Release,
+    BindingStats, BoxFuture, Claim, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release,
     StoreError, StoreResult, from_unix_nanos, unix_nanos,
 };
 
-const COLUMNS: &str = "partition, seq, id, binding, address, envelope, created_at_ns, \
-    expires_at_ns, claim_version, claim_owner, claimed_at_ns, replay_count, \
-    first_attempt_at_ns, last_error";
+/// The columns of a record row, in [`raw_record`]'s order.
+const COLUMNS: &str = "seq, msg, id, binding, address, created_at_ns, expires_at_ns, \
+    claim_version, claim_owner, claimed_at_ns, replay_count, first_attempt_at_ns, last_error";
+
+/// The records by `(pid, state, seq)`: the scans of pending and of claimed
+/// records name this index (see `claim`).
+const BY_STATE: &str = "outbox_records INDEXED BY outbox_records_state";
 
 /// An outbox in a SQLite database.
 pub struct SqliteOutboxStore {
@@ -29,7 +64,7 @@ pub struct SqliteOutboxStore {
 
 impl SqliteOutboxStore {
     /// Opens the outbox at `options.path`, creating the file and tables if
-    /// needed.
+    /// needed and migrating an older layout in place.
     pub async fn open(options: SqliteOptions) -> StoreResult<Self> {
         let db = Db::open(options.clone(), "outbox", schema::outbox).await?;
         Ok(SqliteOutboxStore { db, options })
@@ -52,31 +87,55 @@ impl SqliteOutboxStore {
         self.db.close().await;
     }
 
+    /// Every record of `partition`, in seq order.
     #[cfg(test)]
     pub(crate) async fn dump(&self, partition: &str) -> StoreResult<Vec<OutboxRecord>> {
         let partition = partition.to_owned();
         self.db
             .read(move |conn| {
-                let sql =
-                    format!("SELECT {COLUMNS} FROM outbox_records WHERE partition=?1 ORDER BY seq");
+                let Some(p) = partition_row(conn, &partition)? else {
+                    return Ok(Vec::new());
+                };
+                let sql = format!("SELECT {COLUMNS} FROM outbox_records WHERE pid=?1 ORDER BY seq");
                 let mut stmt = conn.prepare(&sql).map_err(sql_error)?;
                 let rows = stmt
-                    .query_map([&partition], raw_record)
+                    .query_map([p.pid], raw_record)
+                    .map_err(sql_error)?
+                    .collect::<Result<Vec<_>, _>>()
                     .map_err(sql_error)?;
-                rows.map(|r| r.map_err(sql_error)?.into_record()).collect()
+                with_envelopes(conn, &partition, rows)
+            })
+            .await
+    }
+
+    /// Message rows (stored envelopes) of `partition`.
+    #[cfg(test)]
+    pub(crate) async fn envelopes(&self, partition: &str) -> StoreResult<usize> {
+        let partition = partition.to_owned();
+        self.db
+            .read(move |conn| {
+                let n: i64 = conn
+                    .query_row(
+                        "SELECT COUNT(*) FROM outbox_messages m \
+                         JOIN outbox_partitions p ON p.pid = m.pid WHERE p.partition=?1",
+                        [&partition],
+                        |r| r.get(0),
+                    )
+                    .map_err(sql_error)?;
+                Ok(usize::try_from(n).unwrap_or(0))
             })
             .await
     }
 }
 
-/// A row as stored, before its envelope and times are decoded.
+/// A record row as stored, before its times are decoded and its envelope
+/// attached.
 struct RawRecord {
-    partition: String,
     seq: i64,
+    msg: i64,
     id: String,
     binding: String,
     address: String,
-    envelope: Vec<u8>,
     created_at: i64,
     expires_at: Option<i64>,
     claim_version: Option<i64>,
@@ -89,31 +148,24 @@ struct RawRecord {
 
 fn raw_record(r: &Row<'_>) -> rusqlite::Result<RawRecord> {
     Ok(RawRecord {
-        partition: r.get(0)?,
-        seq: r.get(1)?,
+        seq: r.get(0)?,
+        msg: r.get(1)?,
         id: r.get(2)?,
         binding: r.get(3)?,
         address: r.get(4)?,
-        envelope: r.get(5)?,
-        created_at: r.get(6)?,
-        expires_at: r.get(7)?,
-        claim_version: r.get(8)?,
-        claim_owner: r.get(9)?,
-        claimed_at: r.get(10)?,
-        replay_count: r.get(11)?,
-        first_attempt_at: r.get(12)?,
-        last_error: r.get(13)?,
+        created_at: r.get(5)?,
+        expires_at: r.get(6)?,
+        claim_version: r.get(7)?,
+        claim_owner: r.get(8)?,
+        claimed_at: r.get(9)?,
+        replay_count: r.get(10)?,
+        first_attempt_at: r.get(11)?,
+        last_error: r.get(12)?,
     })
 }
 
 impl RawRecord {
-    fn into_record(self) -> StoreResult<OutboxRecord> {
-        let envelope = Envelope::decode(&self.envelope).map_err(|e| {
-            StoreError::Corrupt(format!(
-                "outbox record {}/{}: {e}",
-                self.partition, self.seq
-            ))
-        })?;
+    fn into_record(self, partition: &str, envelope: Arc<Envelope>) -> StoreResult<OutboxRecord> {
         let claim = match (self.claim_version, self.claim_owner, self.claimed_at) {
             (Some(version), Some(owner), Some(at)) => Some(Claim {
                 version: to_u64(version)?,
@@ -123,8 +175,8 @@ impl RawRecord {
             _ => None,
         };
         Ok(OutboxRecord {
+            partition: partition.to_owned(),
             seq: to_u64(self.seq)?,
-            partition: self.partition,
             id: self.id,
             binding: self.binding,
             address: self.address,
@@ -140,26 +192,90 @@ impl RawRecord {
     }
 }
 
-/// The partition's (hwm, last_seq), if it exists.
-fn partition_row(conn: &Connection, partition: &str) -> StoreResult<Option<(u64, u64)>> {
-    conn.prepare_cached("SELECT hwm, last_seq FROM outbox_partitions WHERE partition=?1")
+/// Turns rows into records in seq order, each message's envelope read and
+/// decoded once and shared by its records (invariant 4).
+fn with_envelopes(
+    conn: &Connection,
+    partition: &str,
+    mut rows: Vec<RawRecord>,
+) -> StoreResult<Vec<OutboxRecord>> {
+    rows.sort_unstable_by_key(|r| r.seq);
+    let mut select = conn
+        .prepare_cached("SELECT envelope FROM outbox_messages WHERE msg=?1")
+        .map_err(sql_error)?;
+    let mut envelopes: HashMap<i64, Arc<Envelope>> = HashMap::new();
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let envelope = match envelopes.get(&row.msg) {
+            Some(e) => Arc::clone(e),
+            None => {
+                let bytes: Vec<u8> = select
+                    .query_row([row.msg], |r| r.get(0))
+                    .optional()
+                    .map_err(sql_error)?
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "outbox record {partition}/{}: message {} is missing",
+                            row.seq, row.msg
+                        ))
+                    })?;
+                let envelope = Envelope::decode(&bytes).map_err(|e| {
+                    StoreError::Corrupt(format!("outbox message {partition}/{}: {e}", row.msg))
+                })?;
+                Arc::clone(envelopes.entry(row.msg).or_insert(Arc::new(envelope)))
+            }
+        };
+        out.push(row.into_record(partition, envelope)?);
+    }
+    Ok(out)
+}
+
+/// A partition's row.
+struct PartitionRow {
+    pid: i64,
+    hwm: u64,
+    last_seq: u64,
+}
+
+fn partition_row(conn: &Connection, partition: &str) -> StoreResult<Option<PartitionRow>> {
+    conn.prepare_cached("SELECT pid, hwm, last_seq FROM outbox_partitions WHERE partition=?1")
         .map_err(sql_error)?
         .query_row([partition], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
         })
         .optional()
         .map_err(sql_error)?
-        .map(|(h, s)| Ok((to_u64(h)?, to_u64(s)?)))
+        .map(|(pid, hwm, last_seq)| {
+            Ok(PartitionRow {
+                pid,
+                hwm: to_u64(hwm)?,
+                last_seq: to_u64(last_seq)?,
+            })
+        })
         .transpose()
 }
 
-/// The high-water mark, failing when `version` is below it; `None` for a
-/// partition never written.
-fn fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<Option<u64>> {
+/// Creates a partition's row with `hwm`; its `pid`.
+fn insert_partition(conn: &Connection, partition: &str, hwm: u64) -> StoreResult<i64> {
+    conn.prepare_cached(
+        "INSERT INTO outbox_partitions (partition, hwm, last_seq) VALUES (?1, ?2, 0)",
+    )
+    .map_err(sql_error)?
+    .execute(params![partition, to_i64(hwm)?])
+    .map_err(sql_error)?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// The partition's row, failing when `version` is below its high-water
+/// mark; `None` for a partition never written.
+fn fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<Option<PartitionRow>> {
     match partition_row(conn, partition)? {
-        Some((hwm, _)) if version < hwm => Err(stale(partition, version, hwm)),
-        Some((hwm, _)) => Ok(Some(hwm)),
-        None => Ok(None),
+        Some(p) if version < p.hwm => Err(stale(partition, version, p.hwm)),
+        found => Ok(found),
     }
 }
 
@@ -167,47 +283,57 @@ fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
-fn append(conn: &Connection, partition: &str, records: Vec<NewRecord>) -> StoreResult<Vec<u64>> {
-    validate_append(partition, &records)?;
-    let mut last_seq = match partition_row(conn, partition)? {
-        Some((_, last)) => last,
-        None => {
-            conn.execute(
-                "INSERT INTO outbox_partitions (partition, hwm, last_seq) VALUES (?1, 0, 0)",
-                [partition],
-            )
-            .map_err(sql_error)?;
-            0
-        }
+fn append(conn: &Connection, partition: &str, message: NewMessage) -> StoreResult<Vec<u64>> {
+    validate_append(partition, &message)?;
+    if message.records.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (pid, last_seq) = match partition_row(conn, partition)? {
+        Some(p) => (p.pid, p.last_seq),
+        None => (insert_partition(conn, partition, 0)?, 0),
     };
+    let first = last_seq + 1;
+    let last = last_seq + message.records.len() as u64;
+    // `last_insert_rowid` rather than `RETURNING`, which costs SQLite an
+    // ephemeral table per statement.
+    conn.prepare_cached(
+        "INSERT INTO outbox_messages (pid, first_seq, last_seq, envelope) VALUES (?1, ?2, ?3, ?4)",
+    )
+    .map_err(sql_error)?
+    .execute(params![
+        pid,
+        to_i64(first)?,
+        to_i64(last)?,
+        message.envelope.encode()
+    ])
+    .map_err(sql_error)?;
+    let msg = conn.last_insert_rowid();
     let mut insert = conn
         .prepare_cached(
-            "INSERT INTO outbox_records (partition, seq, id, binding, address, envelope, \
-             created_at_ns, expires_at_ns, state, replay_count) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, 0)",
+            "INSERT INTO outbox_records (pid, seq, msg, id, binding, address, created_at_ns, \
+             expires_at_ns, state, replay_count) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, 0)",
         )
         .map_err(sql_error)?;
-    let mut seqs = Vec::with_capacity(records.len());
-    for r in records {
-        last_seq += 1;
-        let expires_at = r.expires_at.map(unix_nanos).transpose()?;
+    let created_at = unix_nanos(message.created_at)?;
+    let expires_at = message.expires_at.map(unix_nanos).transpose()?;
+    let seqs: Vec<u64> = (first..=last).collect();
+    for (seq, r) in seqs.iter().zip(message.records) {
         insert
             .execute(params![
-                partition,
-                to_i64(last_seq)?,
+                pid,
+                to_i64(*seq)?,
+                msg,
                 r.id,
                 r.binding,
                 r.address,
-                r.envelope.encode(),
-                unix_nanos(r.created_at)?,
+                created_at,
                 expires_at,
             ])
             .map_err(sql_error)?;
-        seqs.push(last_seq);
     }
-    conn.prepare_cached("UPDATE outbox_partitions SET last_seq=?2 WHERE partition=?1")
+    conn.prepare_cached("UPDATE outbox_partitions SET last_seq=?2 WHERE pid=?1")
         .map_err(sql_error)?
-        .execute(params![partition, to_i64(last_seq)?])
+        .execute(params![pid, to_i64(last)?])
         .map_err(sql_error)?;
     Ok(seqs)
 }
@@ -222,84 +348,92 @@ struct ClaimArgs<'a> {
 }
 
 /// Applies `version` to the partition's fence: `Stale` below the mark; above
-/// it the mark rises and every older claim is pending again (invariant 3).
-fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<()> {
+/// it the mark rises and every older claim is pending again (invariant 3 of
+/// the stores). Returns the partition's `pid`.
+fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<i64> {
     let v = to_i64(version)?;
     match fence(conn, partition, version)? {
-        None => {
-            conn.execute(
-                "INSERT INTO outbox_partitions (partition, hwm, last_seq) VALUES (?1, ?2, 0)",
-                params![partition, v],
-            )
-            .map_err(sql_error)?;
-        }
-        Some(hwm) if version > hwm => {
+        None => insert_partition(conn, partition, version),
+        Some(p) if version > p.hwm => {
             // A newer lease: every claim of an older one is void at once.
-            conn.execute(
-                "UPDATE outbox_partitions SET hwm=?2 WHERE partition=?1",
-                params![partition, v],
-            )
-            .map_err(sql_error)?;
-            conn.prepare_cached(
+            conn.prepare_cached("UPDATE outbox_partitions SET hwm=?2 WHERE pid=?1")
+                .map_err(sql_error)?
+                .execute(params![p.pid, v])
+                .map_err(sql_error)?;
+            conn.prepare_cached(&format!(
                 "UPDATE outbox_records SET state=0, claim_version=NULL, claim_owner=NULL, \
-                 claimed_at_ns=NULL WHERE partition=?1 AND state=1 AND claim_version<?2",
-            )
+                 claimed_at_ns=NULL WHERE pid=?1 AND seq IN ( \
+                   SELECT seq FROM {BY_STATE} WHERE pid=?1 AND state=1 AND claim_version<?2)",
+            ))
             .map_err(sql_error)?
-            .execute(params![partition, v])
+            .execute(params![p.pid, v])
             .map_err(sql_error)?;
+            Ok(p.pid)
         }
-        Some(_) => {}
+        Some(p) => Ok(p.pid),
     }
-    Ok(())
 }
 
 fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
-    advance_fence(conn, a.partition, a.version)?;
+    let pid = advance_fence(conn, a.partition, a.version)?;
     let now = unix_nanos(a.now)?;
     let stale_ns = i64::try_from(a.stale_after.as_nanos()).unwrap_or(i64::MAX);
     // One statement: the oldest `limit` of the pending records and of this
     // owner's claims old enough to be taken back (two range scans on the
-    // (partition, state, seq) index, merged), marked and returned.
+    // (pid, state, seq) index, merged), marked and returned. The index is
+    // named: without statistics SQLite prefers scanning the whole partition
+    // by primary key for the second scan (a `WITHOUT ROWID` table's index
+    // costs a key lookup per row), a millisecond per claim with a backlog.
     let sql = format!(
         "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, claimed_at_ns=?5 \
-         WHERE partition=?1 AND seq IN ( \
-           SELECT seq FROM (SELECT seq FROM outbox_records WHERE partition=?1 AND state=0 \
+         WHERE pid=?1 AND seq IN ( \
+           SELECT seq FROM (SELECT seq FROM {BY_STATE} WHERE pid=?1 AND state=0 \
                             ORDER BY seq LIMIT ?2) \
            UNION ALL \
-           SELECT seq FROM (SELECT seq FROM outbox_records WHERE partition=?1 AND state=1 \
+           SELECT seq FROM (SELECT seq FROM {BY_STATE} WHERE pid=?1 AND state=1 \
                             AND claim_owner=?4 AND claimed_at_ns<=?6 ORDER BY seq LIMIT ?2) \
            ORDER BY seq LIMIT ?2) \
          RETURNING {COLUMNS}"
     );
     let args = params![
-        a.partition,
+        pid,
         sql_limit(a.limit),
         to_i64(a.version)?,
         a.owner,
         now,
         now.saturating_sub(stale_ns),
     ];
-    marked(conn, &sql, args)
+    marked(conn, a.partition, &sql, args)
 }
 
 /// Runs an `UPDATE … RETURNING {COLUMNS}` and returns the records it marked
-/// in `seq` order (`RETURNING` promises no order).
+/// in `seq` order (`RETURNING` promises no order), with their envelopes.
 fn marked(
     conn: &Connection,
+    partition: &str,
     sql: &str,
     args: impl rusqlite::Params,
 ) -> StoreResult<Vec<OutboxRecord>> {
-    let mut stmt = conn.prepare_cached(sql).map_err(sql_error)?;
-    let rows = stmt.query_map(args, raw_record).map_err(sql_error)?;
-    let mut out = rows
-        .map(|r| r.map_err(sql_error)?.into_record())
-        .collect::<StoreResult<Vec<_>>>()?;
-    out.sort_unstable_by_key(|r| r.seq);
-    Ok(out)
+    let rows = conn
+        .prepare_cached(sql)
+        .map_err(sql_error)?
+        .query_map(args, raw_record)
+        .map_err(sql_error)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(sql_error)?;
+    with_envelopes(conn, partition, rows)
 }
 
-/// Runs `stmt` (parameters: partition, seq, version) for each distinct seq
-/// and returns those it changed.
+/// `seqs` sorted, each once.
+fn distinct(seqs: &[u64]) -> Vec<u64> {
+    let mut seqs = seqs.to_vec();
+    seqs.sort_unstable();
+    seqs.dedup();
+    seqs
+}
+
+/// Runs `stmt` (parameters: pid, seq, version, then `extra`) for each
+/// distinct seq and returns those it changed, ascending.
 fn per_claimed(
     conn: &Connection,
     partition: &str,
@@ -308,18 +442,15 @@ fn per_claimed(
     stmt: &str,
     extra: &[&dyn rusqlite::ToSql],
 ) -> StoreResult<Vec<u64>> {
-    if fence(conn, partition, version)?.is_none() {
+    let Some(p) = fence(conn, partition, version)? else {
         return Ok(Vec::new());
-    }
+    };
     let version = to_i64(version)?;
-    let mut seqs = seqs.to_vec();
-    seqs.sort_unstable();
-    seqs.dedup();
     let mut stmt = conn.prepare_cached(stmt).map_err(sql_error)?;
     let mut done = Vec::new();
-    for seq in seqs {
+    for seq in distinct(seqs) {
         let seq_i = to_i64(seq)?;
-        let mut args: Vec<&dyn rusqlite::ToSql> = vec![&partition, &seq_i, &version];
+        let mut args: Vec<&dyn rusqlite::ToSql> = vec![&p.pid, &seq_i, &version];
         args.extend_from_slice(extra);
         if stmt.execute(args.as_slice()).map_err(sql_error)? == 1 {
             done.push(seq);
@@ -328,20 +459,55 @@ fn per_claimed(
     Ok(done)
 }
 
+/// Which records `complete` and `release` act on: claimed with exactly
+/// their version.
+const CLAIMED: &str = "WHERE pid=?1 AND seq=?2 AND state=1 AND claim_version=?3";
+
 fn complete(
     conn: &Connection,
     partition: &str,
     version: u64,
     seqs: &[u64],
 ) -> StoreResult<Vec<u64>> {
-    per_claimed(
-        conn,
-        partition,
-        version,
-        seqs,
-        "DELETE FROM outbox_records WHERE partition=?1 AND seq=?2 AND state=1 AND claim_version=?3",
-        &[],
-    )
+    let Some(p) = fence(conn, partition, version)? else {
+        return Ok(Vec::new());
+    };
+    let version = to_i64(version)?;
+    // The message of each record is read before the record is deleted (a
+    // `DELETE … RETURNING` costs SQLite an ephemeral table per statement).
+    let mut find = conn
+        .prepare_cached(&format!("SELECT msg FROM outbox_records {CLAIMED}"))
+        .map_err(sql_error)?;
+    let mut delete = conn
+        .prepare_cached("DELETE FROM outbox_records WHERE pid=?1 AND seq=?2")
+        .map_err(sql_error)?;
+    let (mut done, mut msgs) = (Vec::new(), Vec::new());
+    for seq in distinct(seqs) {
+        let seq_i = to_i64(seq)?;
+        let msg: Option<i64> = find
+            .query_row(params![p.pid, seq_i, version], |r| r.get(0))
+            .optional()
+            .map_err(sql_error)?;
+        if let Some(msg) = msg {
+            delete.execute(params![p.pid, seq_i]).map_err(sql_error)?;
+            done.push(seq);
+            msgs.push(msg);
+        }
+    }
+    // Invariant 2: a message goes with the last record of its range.
+    let mut emptied = conn
+        .prepare_cached(
+            "DELETE FROM outbox_messages WHERE msg=?1 AND NOT EXISTS ( \
+               SELECT 1 FROM outbox_records r WHERE r.pid=outbox_messages.pid \
+               AND r.seq BETWEEN outbox_messages.first_seq AND outbox_messages.last_seq)",
+        )
+        .map_err(sql_error)?;
+    msgs.sort_unstable();
+    msgs.dedup();
+    for msg in msgs {
+        emptied.execute([msg]).map_err(sql_error)?;
+    }
+    Ok(done)
 }
 
 fn release(
@@ -353,7 +519,6 @@ fn release(
 ) -> StoreResult<Vec<u64>> {
     const UNCLAIM: &str = "UPDATE outbox_records SET state=0, claim_version=NULL, \
         claim_owner=NULL, claimed_at_ns=NULL";
-    const CLAIMED: &str = "WHERE partition=?1 AND seq=?2 AND state=1 AND claim_version=?3";
     match release {
         Release::Untried => per_claimed(
             conn,
@@ -384,38 +549,36 @@ fn release(
 }
 
 fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
-    advance_fence(conn, a.partition, a.version)?;
+    let pid = advance_fence(conn, a.partition, a.version)?;
     let now = unix_nanos(a.now)?;
     let sql = format!(
         "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, claimed_at_ns=?5 \
-         WHERE partition=?1 AND seq IN ( \
-           SELECT seq FROM outbox_records WHERE partition=?1 AND state=0 \
-           AND expires_at_ns IS NOT NULL AND expires_at_ns<=?5 ORDER BY seq LIMIT ?2) \
+         WHERE pid=?1 AND seq IN ( \
+           SELECT seq FROM outbox_records INDEXED BY outbox_records_expiry WHERE pid=?1 \
+           AND state=0 AND expires_at_ns IS NOT NULL AND expires_at_ns<=?5 ORDER BY seq \
+           LIMIT ?2) \
          RETURNING {COLUMNS}"
     );
-    let args = params![
-        a.partition,
-        sql_limit(a.limit),
-        to_i64(a.version)?,
-        a.owner,
-        now
-    ];
-    marked(conn, &sql, args)
+    let args = params![pid, sql_limit(a.limit), to_i64(a.version)?, a.owner, now];
+    marked(conn, a.partition, &sql, args)
 }
 
 fn stats(conn: &Connection, partition: &str) -> StoreResult<OutboxStats> {
+    let Some(p) = partition_row(conn, partition)? else {
+        return Ok(OutboxStats::default());
+    };
     let mut stats = OutboxStats {
-        high_water_mark: partition_row(conn, partition)?.map_or(0, |(hwm, _)| hwm),
+        high_water_mark: p.hwm,
         ..OutboxStats::default()
     };
     let mut stmt = conn
         .prepare_cached(
             "SELECT binding, state, COUNT(*), MIN(created_at_ns) FROM outbox_records \
-             WHERE partition=?1 GROUP BY binding, state",
+             WHERE pid=?1 GROUP BY binding, state",
         )
         .map_err(sql_error)?;
     let rows = stmt
-        .query_map([partition], |r| {
+        .query_map([p.pid], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, i64>(1)?,
@@ -451,10 +614,10 @@ impl OutboxStore for SqliteOutboxStore {
     fn append<'a>(
         &'a self,
         partition: &'a str,
-        records: Vec<NewRecord>,
+        message: NewMessage,
     ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
         let partition = partition.to_owned();
-        Box::pin(self.db.write(move |c| append(c, &partition, records)))
+        Box::pin(self.db.write(move |c| append(c, &partition, message)))
     }
 
     fn claim<'a>(

@@ -1,28 +1,39 @@
 //! Table definitions. Each store owns its tables and records its schema
 //! version in `ferry_schema` (not `user_version`, because several stores may
-//! share one file). A database written by a newer build is refused rather
-//! than misread.
+//! share one file). An older version is migrated in place when the store
+//! opens, in the transaction that checks the version (all of it or none);
+//! a database written by a newer build is refused rather than misread.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::sql_error;
 use crate::stores::{StoreError, StoreResult};
 
-const OUTBOX_V1: &str = "
+/// The outbox's tables (layout and invariants: `super::outbox`).
+const OUTBOX_V2: &str = "
 CREATE TABLE IF NOT EXISTS outbox_partitions (
-    partition TEXT PRIMARY KEY,
+    pid       INTEGER PRIMARY KEY,
+    partition TEXT    NOT NULL UNIQUE,
     -- the fencing high-water mark
     hwm       INTEGER NOT NULL,
     -- the last seq assigned; seqs are never reused
     last_seq  INTEGER NOT NULL
-) WITHOUT ROWID;
+);
+CREATE TABLE IF NOT EXISTS outbox_messages (
+    msg       INTEGER PRIMARY KEY,
+    pid       INTEGER NOT NULL,
+    -- the seqs of the message's records
+    first_seq INTEGER NOT NULL,
+    last_seq  INTEGER NOT NULL,
+    envelope  BLOB    NOT NULL
+);
 CREATE TABLE IF NOT EXISTS outbox_records (
-    partition           TEXT    NOT NULL,
+    pid                 INTEGER NOT NULL,
     seq                 INTEGER NOT NULL,
+    msg                 INTEGER NOT NULL,
     id                  TEXT    NOT NULL,
     binding             TEXT    NOT NULL,
     address             TEXT    NOT NULL,
-    envelope            BLOB    NOT NULL,
     created_at_ns       INTEGER NOT NULL,
     expires_at_ns       INTEGER,
     -- 0 pending, 1 claimed
@@ -33,12 +44,36 @@ CREATE TABLE IF NOT EXISTS outbox_records (
     replay_count        INTEGER NOT NULL,
     first_attempt_at_ns INTEGER,
     last_error          TEXT,
-    PRIMARY KEY (partition, seq)
-);
+    PRIMARY KEY (pid, seq)
+) WITHOUT ROWID;
 -- claim: pending (or own stale) records of a partition in seq order
-CREATE INDEX IF NOT EXISTS outbox_records_state ON outbox_records (partition, state, seq);
-CREATE INDEX IF NOT EXISTS outbox_records_expiry ON outbox_records (partition, expires_at_ns)
+CREATE INDEX IF NOT EXISTS outbox_records_state ON outbox_records (pid, state, seq);
+CREATE INDEX IF NOT EXISTS outbox_records_expiry ON outbox_records (pid, expires_at_ns)
     WHERE expires_at_ns IS NOT NULL;
+";
+
+/// The first layout's tables out of the way of the second's.
+const OUTBOX_V1_SET_ASIDE: &str = "
+DROP INDEX outbox_records_state;
+DROP INDEX outbox_records_expiry;
+ALTER TABLE outbox_records RENAME TO outbox_records_v1;
+ALTER TABLE outbox_partitions RENAME TO outbox_partitions_v1;
+";
+
+/// The first layout's rows in the second's tables (see [`outbox_v1_to_v2`]).
+const OUTBOX_V1_COPY: &str = "
+INSERT INTO outbox_partitions (partition, hwm, last_seq)
+    SELECT partition, hwm, last_seq FROM outbox_partitions_v1 ORDER BY partition;
+INSERT INTO outbox_messages (msg, pid, first_seq, last_seq, envelope)
+    SELECT r.rowid, p.pid, r.seq, r.seq, r.envelope
+    FROM outbox_records_v1 r JOIN outbox_partitions p ON p.partition = r.partition;
+INSERT INTO outbox_records (pid, seq, msg, id, binding, address, created_at_ns, expires_at_ns,
+        state, claim_version, claim_owner, claimed_at_ns, replay_count, first_attempt_at_ns,
+        last_error)
+    SELECT p.pid, r.seq, r.rowid, r.id, r.binding, r.address, r.created_at_ns, r.expires_at_ns,
+        r.state, r.claim_version, r.claim_owner, r.claimed_at_ns, r.replay_count,
+        r.first_attempt_at_ns, r.last_error
+    FROM outbox_records_v1 r JOIN outbox_partitions p ON p.partition = r.partition;
 ";
 
 const LEASE_V1: &str = "
@@ -67,30 +102,99 @@ CREATE TABLE IF NOT EXISTS dlq_entries (
 CREATE INDEX IF NOT EXISTS dlq_entries_order ON dlq_entries (dead_lettered_at_ns, id);
 ";
 
-/// Creates or checks the outbox tables.
+/// Turns one schema version into the next, inside the transaction that
+/// checks the version.
+type Migration = fn(&Connection) -> StoreResult<()>;
+
+/// A component's tables at its current version, and the steps that bring
+/// an older version there.
+struct Schema {
+    component: &'static str,
+    version: i64,
+    ddl: &'static str,
+    /// `(from, step)`: `step` turns version `from` into `from + 1`.
+    migrations: &'static [(i64, Migration)],
+}
+
+/// Creates, checks or migrates the outbox tables.
 pub(super) fn outbox(conn: &Connection) -> StoreResult<()> {
-    ensure(conn, "outbox", 1, OUTBOX_V1)
+    ensure(
+        conn,
+        &Schema {
+            component: "outbox",
+            version: 2,
+            ddl: OUTBOX_V2,
+            migrations: &[(1, outbox_v1_to_v2)],
+        },
+    )
 }
 
 /// Creates or checks the lease table.
 pub(super) fn lease(conn: &Connection) -> StoreResult<()> {
-    ensure(conn, "lease", 1, LEASE_V1)
+    ensure(
+        conn,
+        &Schema {
+            component: "lease",
+            version: 1,
+            ddl: LEASE_V1,
+            migrations: &[],
+        },
+    )
 }
 
 /// Creates or checks the DLQ table.
 pub(super) fn dlq(conn: &Connection) -> StoreResult<()> {
-    ensure(conn, "dlq", 1, DLQ_V1)
+    ensure(
+        conn,
+        &Schema {
+            component: "dlq",
+            version: 1,
+            ddl: DLQ_V1,
+            migrations: &[],
+        },
+    )
 }
 
-fn ensure(conn: &Connection, component: &str, version: i64, ddl: &str) -> StoreResult<()> {
+/// From the first layout (an envelope copy in every record row, keyed by the
+/// partition's name) to the second. Every old record becomes a message of
+/// its own — the copies of one fan-out cannot be told apart from equal
+/// messages — and a record row with its seq, id, claim and counts; the old
+/// rowid becomes the message's key. Partitions keep their marks and last
+/// seqs. Refused, and rolled back, unless every record was copied.
+fn outbox_v1_to_v2(conn: &Connection) -> StoreResult<()> {
+    conn.execute_batch(OUTBOX_V1_SET_ASIDE).map_err(sql_error)?;
+    conn.execute_batch(OUTBOX_V2).map_err(sql_error)?;
+    conn.execute_batch(OUTBOX_V1_COPY).map_err(sql_error)?;
+    let count = |table: &str| -> StoreResult<i64> {
+        conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
+            .map_err(sql_error)
+    };
+    let (old, new) = (count("outbox_records_v1")?, count("outbox_records")?);
+    if old != new {
+        return Err(StoreError::Corrupt(format!(
+            "outbox migration to layout 2 copied {new} of {old} records (a record without its \
+             partition row); the file was left as it was"
+        )));
+    }
+    conn.execute_batch("DROP TABLE outbox_records_v1; DROP TABLE outbox_partitions_v1;")
+        .map_err(sql_error)
+}
+
+fn ensure(conn: &Connection, schema: &Schema) -> StoreResult<()> {
     conn.execute_batch("BEGIN IMMEDIATE").map_err(sql_error)?;
-    let result = create(conn, component, version, ddl);
+    let result = create(conn, schema);
     let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
     conn.execute_batch(end).map_err(sql_error)?;
     result
 }
 
-fn create(conn: &Connection, component: &str, version: i64, ddl: &str) -> StoreResult<()> {
+fn create(conn: &Connection, schema: &Schema) -> StoreResult<()> {
+    let Schema {
+        component,
+        version,
+        ddl,
+        migrations,
+    } = *schema;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS ferry_schema (
             component TEXT PRIMARY KEY,
@@ -108,9 +212,32 @@ fn create(conn: &Connection, component: &str, version: i64, ddl: &str) -> StoreR
         .map_err(sql_error)?;
     match found {
         Some(v) if v == version => Ok(()),
-        Some(v) => Err(StoreError::Invalid(format!(
-            "{component} schema version {v} is not {version}, the version this build knows"
+        Some(v) if v > version => Err(StoreError::Invalid(format!(
+            "{component} schema version {v} was written by a newer ferry-agent (this one knows \
+             up to {version}): run that version, or point the store at another file"
         ))),
+        Some(v) => {
+            for from in v..version {
+                let step = migrations
+                    .iter()
+                    .find(|(f, _)| *f == from)
+                    .map(|(_, step)| step)
+                    .ok_or_else(|| {
+                        StoreError::Invalid(format!(
+                            "{component} schema version {from} cannot be migrated by this \
+                             ferry-agent: open it with an older version and drain it first"
+                        ))
+                    })?;
+                step(conn)?;
+            }
+            conn.execute(
+                "UPDATE ferry_schema SET version = ?2 WHERE component = ?1",
+                params![component, version],
+            )
+            .map_err(sql_error)?;
+            tracing::info!(component, from = v, to = version, "sqlite schema migrated");
+            Ok(())
+        }
         None => {
             conn.execute_batch(ddl).map_err(sql_error)?;
             conn.execute(
@@ -120,5 +247,225 @@ fn create(conn: &Connection, component: &str, version: i64, ddl: &str) -> StoreR
             .map_err(sql_error)?;
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::Connection;
+
+    use crate::stores::conformance::{envelope, sqlite_options, t};
+    use crate::stores::sqlite::SqliteOutboxStore;
+    use crate::stores::{NewMessage, NewRecord, OutboxStore, Release, StoreError, unix_nanos};
+
+    /// The first layout, as builds before it created it.
+    const OUTBOX_V1: &str = "
+    CREATE TABLE ferry_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL) WITHOUT ROWID;
+    INSERT INTO ferry_schema VALUES ('outbox', 1);
+    CREATE TABLE outbox_partitions (
+        partition TEXT PRIMARY KEY, hwm INTEGER NOT NULL, last_seq INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE outbox_records (
+        partition TEXT NOT NULL, seq INTEGER NOT NULL, id TEXT NOT NULL, binding TEXT NOT NULL,
+        address TEXT NOT NULL, envelope BLOB NOT NULL, created_at_ns INTEGER NOT NULL,
+        expires_at_ns INTEGER, state INTEGER NOT NULL, claim_version INTEGER,
+        claim_owner TEXT, claimed_at_ns INTEGER, replay_count INTEGER NOT NULL,
+        first_attempt_at_ns INTEGER, last_error TEXT,
+        PRIMARY KEY (partition, seq)
+    );
+    CREATE INDEX outbox_records_state ON outbox_records (partition, state, seq);
+    CREATE INDEX outbox_records_expiry ON outbox_records (partition, expires_at_ns)
+        WHERE expires_at_ns IS NOT NULL;
+    ";
+
+    /// A record row of the first layout: `(partition, seq, binding, name)`,
+    /// claimed under `claim` or pending, with `replay_count` failures.
+    fn insert_v1(
+        conn: &Connection,
+        row: (&str, i64, &str, &str),
+        claim: Option<i64>,
+        replays: i64,
+    ) {
+        let (partition, seq, binding, name) = row;
+        let at = unix_nanos(t(1)).expect("time");
+        conn.execute(
+            "INSERT INTO outbox_records (partition, seq, id, binding, address, envelope, \
+             created_at_ns, expires_at_ns, state, claim_version, claim_owner, claimed_at_ns, \
+             replay_count, first_attempt_at_ns, last_error) \
+             VALUES (?1, ?2, ?3, ?4, 'out', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+            rusqlite::params![
+                partition,
+                seq,
+                format!("id-{partition}-{seq}"),
+                binding,
+                envelope(name).encode(),
+                at,
+                (binding == "x").then_some(unix_nanos(t(100)).expect("time")),
+                i64::from(claim.is_some()),
+                claim,
+                claim.map(|_| "old-owner"),
+                claim.map(|_| at),
+                replays,
+                (replays > 0).then_some(at),
+                (replays > 0).then_some("refused"),
+            ],
+        )
+        .expect("insert v1 record");
+    }
+
+    /// A file of the first layout with two partitions: a fan-out ×3 of which
+    /// one record was delivered (seq 2 gone), one claimed, one failed twice,
+    /// and a partition fenced at version 7 whose records were all delivered.
+    fn v1_file(dir: &tempfile::TempDir) -> std::path::PathBuf {
+        let path = dir.path().join("outbox.db");
+        let conn = Connection::open(&path).expect("open");
+        conn.execute_batch(OUTBOX_V1).expect("v1 schema");
+        conn.execute_batch(
+            "INSERT INTO outbox_partitions VALUES ('b/r', 3, 4), ('b/empty', 7, 12);",
+        )
+        .expect("partitions");
+        insert_v1(&conn, ("b/r", 1, "x", "fan"), Some(3), 0);
+        insert_v1(&conn, ("b/r", 3, "z", "fan"), None, 2);
+        insert_v1(&conn, ("b/r", 4, "y", "solo"), None, 0);
+        path
+    }
+
+    #[tokio::test]
+    async fn an_outbox_of_the_first_layout_is_migrated_when_opened() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = v1_file(&dir);
+        let store = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
+            .await
+            .expect("open migrates");
+        let records = store.dump("b/r").await.expect("dump");
+        let summary: Vec<_> = records
+            .iter()
+            .map(|r| {
+                (
+                    r.seq,
+                    r.id.as_str(),
+                    r.binding.as_str(),
+                    r.envelope.payload.as_ref(),
+                    r.claim.as_ref().map(|c| (c.version, c.owner.as_str())),
+                    r.replay_count,
+                    r.last_error.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (
+                    1,
+                    "id-b/r-1",
+                    "x",
+                    &b"fan"[..],
+                    Some((3, "old-owner")),
+                    0,
+                    None
+                ),
+                (3, "id-b/r-3", "z", &b"fan"[..], None, 2, Some("refused")),
+                (4, "id-b/r-4", "y", &b"solo"[..], None, 0, None),
+            ]
+        );
+        assert_eq!(records[0].expires_at, Some(t(100)));
+        assert_eq!(records[0].created_at, t(1));
+        assert_eq!(records[1].first_attempt_at, Some(t(1)));
+        assert_eq!(store.stats("b/r").await.expect("stats").high_water_mark, 3);
+        assert_eq!(
+            store.stats("b/empty").await.expect("stats").high_water_mark,
+            7
+        );
+        // Seqs go on from where they were; fences hold.
+        let message = NewMessage::new(envelope("new"), t(2), vec![NewRecord::new("x", "out")]);
+        assert_eq!(store.append("b/empty", message).await, Ok(vec![13]));
+        assert!(matches!(
+            store.claim("b/empty", "o", 6, 10, t(3)).await,
+            Err(StoreError::Stale(_))
+        ));
+        let failed = Release::Failed {
+            error: "e".into(),
+            attempted_at: t(3),
+        };
+        assert_eq!(store.release("b/r", 3, &[1], failed).await, Ok(vec![1]));
+        let all = store.claim("b/r", "o", 4, 10, t(4)).await.expect("claim");
+        assert_eq!(all.len(), 3);
+        assert_eq!(
+            store.complete("b/r", 4, &[1, 3, 4]).await,
+            Ok(vec![1, 3, 4])
+        );
+        assert_eq!(store.envelopes("b/r").await, Ok(0));
+        store.close().await;
+
+        let conn = Connection::open(&path).expect("reopen");
+        let version: i64 = conn
+            .query_row(
+                "SELECT version FROM ferry_schema WHERE component='outbox'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("version");
+        assert_eq!(version, 2);
+        let old: i64 = conn
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%_v1'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("tables");
+        assert_eq!(old, 0, "the first layout's tables are gone");
+    }
+
+    /// A migration that would lose a record is rolled back whole: the file
+    /// stays in the first layout and the store does not open.
+    #[tokio::test]
+    async fn a_migration_that_would_lose_records_changes_nothing() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = v1_file(&dir);
+        {
+            let conn = Connection::open(&path).expect("open");
+            insert_v1(&conn, ("b/unknown", 1, "x", "orphan"), None, 0);
+        }
+        let error = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
+            .await
+            .err()
+            .expect("refused");
+        assert!(
+            error.to_string().contains("copied 3 of 4 records"),
+            "{error}"
+        );
+        let conn = Connection::open(&path).expect("reopen");
+        let (version, records): (i64, i64) = conn
+            .query_row(
+                "SELECT (SELECT version FROM ferry_schema WHERE component='outbox'), \
+                 (SELECT COUNT(*) FROM outbox_records)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("state");
+        assert_eq!((version, records), (1, 4));
+    }
+
+    #[tokio::test]
+    async fn an_outbox_of_a_newer_layout_is_refused() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("outbox.db");
+        Connection::open(&path)
+            .expect("open")
+            .execute_batch(
+                "CREATE TABLE ferry_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL);
+                 INSERT INTO ferry_schema VALUES ('outbox', 3);",
+            )
+            .expect("newer schema");
+        let error = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
+            .await
+            .err()
+            .expect("refused");
+        assert!(
+            error
+                .to_string()
+                .contains("outbox schema version 3 was written by a newer"),
+            "{error}"
+        );
     }
 }

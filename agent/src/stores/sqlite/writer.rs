@@ -27,6 +27,14 @@
 //! commit, one fsync per group): no second commit per group where nothing
 //! needs it.
 //!
+//! **A store with a size limit keeps room for drain writes.** With
+//! `max_size_bytes`, groups with a synced job (appends, DLQ puts) may grow
+//! the file only to [`PageLimit::durable`], an eighth below the limit;
+//! groups of unsynced jobs may use all of it. A claim or a failed release
+//! grows the narrow record rows it marks (claim owner, error text), so
+//! without that room a store filled by appends could not claim, release or
+//! complete — and only completions give room back.
+//!
 //! When the queue is empty after a group, the thread gives free pages back
 //! to the file system if they are worth it ([`super::vacuum`]), between
 //! groups, never inside one.
@@ -129,13 +137,18 @@ impl Writer {
     /// Starts the writer thread on `conn`; `full` when the store is
     /// configured `synchronous=FULL` (then only groups of unsynced jobs
     /// commit with `NORMAL`).
-    pub(crate) fn start(conn: Connection, name: &str, full: bool) -> StoreResult<Self> {
+    pub(crate) fn start(
+        conn: Connection,
+        name: &str,
+        full: bool,
+        limit: Option<PageLimit>,
+    ) -> StoreResult<Self> {
         let (jobs, rx) = mpsc::channel(CHANNEL_CAPACITY);
         let commits = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&commits);
         let thread = std::thread::Builder::new()
             .name(format!("ferry-sqlite-{name}"))
-            .spawn(move || run(conn, rx, full, &counter))
+            .spawn(move || run(conn, rx, Levels::new(full, limit), &counter))
             .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
         Ok(Writer {
             jobs,
@@ -184,9 +197,49 @@ impl Writer {
     }
 }
 
-fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, full: bool, commits: &AtomicU64) {
-    // The connection starts as configured.
-    let mut syncing = full;
+/// The size limit of a store in pages (`max_page_count`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PageLimit(pub(crate) u64);
+
+impl PageLimit {
+    /// What groups with a synced job may grow the file to: an eighth (at
+    /// least four pages) below the limit, kept for drain writes.
+    fn durable(self) -> u64 {
+        let reserve = (self.0 / 8).max(4);
+        self.0.saturating_sub(reserve).max(1)
+    }
+}
+
+/// The connection's levels, switched between groups as their jobs need.
+struct Levels {
+    /// The store is configured `synchronous=FULL`.
+    full: bool,
+    /// The connection currently commits with `FULL`.
+    syncing: bool,
+    limit: Option<PageLimit>,
+    /// The `max_page_count` in force.
+    pages: Option<u64>,
+}
+
+impl Levels {
+    /// The connection starts as configured: `synchronous` as the store is,
+    /// `max_page_count` at the whole limit.
+    fn new(full: bool, limit: Option<PageLimit>) -> Self {
+        Levels {
+            full,
+            syncing: full,
+            limit,
+            pages: limit.map(|l| l.0),
+        }
+    }
+}
+
+fn run(
+    conn: Connection,
+    mut rx: mpsc::Receiver<Box<dyn Job>>,
+    mut levels: Levels,
+    commits: &AtomicU64,
+) {
     // When a group last failed for lack of room.
     let mut full_at: Option<std::time::Instant> = None;
     while let Some(first) = rx.blocking_recv() {
@@ -208,7 +261,7 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, full: bool, commi
             vec![waiting]
         };
         for group in groups.into_iter().filter(|g| !g.is_empty()) {
-            match commit_kind(&conn, group, full, &mut syncing) {
+            match commit_kind(&conn, group, &mut levels) {
                 Ok(()) => {
                     commits.fetch_add(1, Ordering::Relaxed);
                 }
@@ -226,31 +279,47 @@ fn run(conn: Connection, mut rx: mpsc::Receiver<Box<dyn Job>>, full: bool, commi
 }
 
 /// Commits a group, first switching the connection's `synchronous` level
-/// when needed (`FULL` when any job is synced); the group's outcome.
+/// (`FULL` when any job is synced) and page limit (see the module notes)
+/// when needed; the group's outcome.
 fn commit_kind(
     conn: &Connection,
     group: Vec<Box<dyn Job>>,
-    full: bool,
-    syncing: &mut bool,
+    levels: &mut Levels,
 ) -> StoreResult<()> {
-    let sync = full && group.iter().any(|job| job.synced());
-    if sync != *syncing {
+    let synced = group.iter().any(|job| job.synced());
+    let sync = levels.full && synced;
+    if sync != levels.syncing {
         // Set outside the transaction: SQLite refuses it inside one.
         let level = if sync { "FULL" } else { "NORMAL" };
         match conn.execute_batch(&format!("PRAGMA synchronous={level}")) {
-            Ok(()) => *syncing = sync,
+            Ok(()) => levels.syncing = sync,
             // Still syncing: the group commits at the stricter level.
-            Err(_) if *syncing => {}
-            Err(e) => {
-                let error = StoreError::Unavailable(format!("sqlite: {e}"));
-                for job in group {
-                    job.answer(&Err(error.clone()));
-                }
-                return Err(error);
+            Err(_) if levels.syncing => {}
+            Err(e) => return refuse(group, &e),
+        }
+    }
+    if let Some(limit) = levels.limit {
+        let pages = if synced { limit.durable() } else { limit.0 };
+        if levels.pages != Some(pages) {
+            // Returns the limit in force (never below the file's size).
+            match conn.query_row(&format!("PRAGMA max_page_count={pages}"), [], |r| {
+                r.get::<_, i64>(0)
+            }) {
+                Ok(_) => levels.pages = Some(pages),
+                Err(e) => return refuse(group, &e),
             }
         }
     }
     commit_group(conn, group)
+}
+
+/// Answers every job of a group that cannot run with `error`.
+fn refuse(group: Vec<Box<dyn Job>>, error: &rusqlite::Error) -> StoreResult<()> {
+    let error = StoreError::Unavailable(format!("sqlite: {error}"));
+    for job in group {
+        job.answer(&Err(error.clone()));
+    }
+    Err(error)
 }
 
 /// Runs and answers one group; its outcome (`Ok` when it committed).
@@ -317,7 +386,7 @@ mod tests {
         let conn = Connection::open(dir.path().join("w.db")).expect("open");
         conn.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t (x INTEGER UNIQUE)")
             .expect("schema");
-        (Writer::start(conn, "test", true).expect("start"), dir)
+        (Writer::start(conn, "test", true, None).expect("start"), dir)
     }
 
     fn insert(x: i64) -> impl FnOnce(&Connection) -> StoreResult<i64> + Send + 'static {
@@ -438,7 +507,8 @@ mod tests {
             })
         };
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>(4);
-        let writer = std::thread::spawn(move || run(conn, rx, true, &AtomicU64::new(0)));
+        let writer =
+            std::thread::spawn(move || run(conn, rx, Levels::new(true, None), &AtomicU64::new(0)));
         let (first, first_answer) = too_big(2);
         tx.blocking_send(first).map_err(|_| ()).expect("queued");
         let refused = first_answer.blocking_recv().expect("answered");
