@@ -161,6 +161,12 @@ async fn main() -> ExitCode {
             eprintln!("--callgrind measures the agent: it cannot be combined with --baseline-only");
             return ExitCode::FAILURE;
         }
+        if cli.callgrind_runs().is_empty() {
+            eprintln!(
+                "--callgrind counts the flat-out runs only: add --scenario fan-out or --scenario direct"
+            );
+            return ExitCode::FAILURE;
+        }
         if let Err(error) = callgrind::check_installed() {
             eprintln!("{error:#}");
             return ExitCode::FAILURE;
