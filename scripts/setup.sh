@@ -3,7 +3,9 @@
 #
 #   - Mosquitto and its command-line clients (apt-get): the tests start their own brokers on
 #     free loopback ports, they never use a system broker on 1883;
-#   - a Python venv at .venv (or $FERRY_VENV) with moto[server] pinned, for SQS and DynamoDB;
+#   - a Python venv at .venv (or $FERRY_VENV) with moto[server] pinned, for SQS and DynamoDB, and
+#     grpcio-tools pinned, to check that a Python client generates from proto/ alone;
+#   - buf (npm @bufbuild/buf, pinned) in .tools/buf, for `buf lint proto`;
 #   - PostgreSQL reachable as $FERRY_TEST_PG (default: host=127.0.0.1 port=5432 user=postgres,
 #     trust auth): the running server is used, a stopped local cluster is started, and on a
 #     machine without PostgreSQL it is installed;
@@ -16,6 +18,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/lib/common.sh
 
 MOTO_VERSION=5.2.5
+GRPCIO_TOOLS_VERSION=1.85.1
 VENV="${FERRY_VENV:-$PWD/.venv}"
 PG="${FERRY_TEST_PG:-host=127.0.0.1 port=5432 user=postgres}"
 
@@ -29,22 +32,25 @@ setup_mosquitto() {
     info "mosquitto: $({ mosquitto -h 2>/dev/null || /usr/sbin/mosquitto -h 2>/dev/null || true; } | head -n 1)"
 }
 
-moto_ok() {
+venv_ok() {
     [ -x "$VENV/bin/python" ] || return 1
-    "$VENV/bin/python" - "$MOTO_VERSION" >/dev/null 2>&1 <<'PY'
+    "$VENV/bin/python" - "$MOTO_VERSION" "$GRPCIO_TOOLS_VERSION" >/dev/null 2>&1 <<'PY'
 import importlib.metadata as metadata
 import sys
 
 import flask  # noqa: F401  (moto's [server] extra)
+import grpc_tools.protoc  # noqa: F401
 import moto.server  # noqa: F401
 
-sys.exit(0 if metadata.version("moto") == sys.argv[1] else 1)
+wanted = {"moto": sys.argv[1], "grpcio-tools": sys.argv[2]}
+sys.exit(0 if all(metadata.version(p) == v for p, v in wanted.items()) else 1)
 PY
 }
 
-setup_moto() {
-    if moto_ok; then
-        info "moto $MOTO_VERSION in $VENV"
+setup_venv() {
+    local packages=("moto[server]==$MOTO_VERSION" "grpcio-tools==$GRPCIO_TOOLS_VERSION")
+    if venv_ok; then
+        info "${packages[*]} in $VENV"
         return 0
     fi
     command -v python3 >/dev/null 2>&1 || apt_install python3 python3-venv
@@ -56,11 +62,25 @@ setup_moto() {
             python3 -m venv "$VENV" || die "could not create the Python venv $VENV"
         fi
     fi
-    info "installing moto[server]==$MOTO_VERSION into $VENV (pip)"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-        "moto[server]==$MOTO_VERSION" || die "pip could not install moto[server]==$MOTO_VERSION"
-    moto_ok || die "moto[server]==$MOTO_VERSION is installed in $VENV but does not import"
-    info "moto $MOTO_VERSION in $VENV"
+    info "installing ${packages[*]} into $VENV (pip)"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${packages[@]}" ||
+        die "pip could not install ${packages[*]}"
+    venv_ok || die "${packages[*]} are installed in $VENV but do not import"
+    info "${packages[*]} in $VENV"
+}
+
+setup_buf() {
+    if [ -x "$BUF" ] && [ "$("$BUF" --version 2>/dev/null)" = "$BUF_VERSION" ]; then
+        info "buf $BUF_VERSION in $BUF_PREFIX"
+        return 0
+    fi
+    command -v npm >/dev/null 2>&1 || apt_install nodejs npm
+    info "installing @bufbuild/buf@$BUF_VERSION into $BUF_PREFIX (npm)"
+    npm install --prefix "$BUF_PREFIX" --no-save --no-audit --no-fund --loglevel=error \
+        "@bufbuild/buf@$BUF_VERSION" >/dev/null || die "npm could not install @bufbuild/buf@$BUF_VERSION"
+    [ "$("$BUF" --version 2>/dev/null)" = "$BUF_VERSION" ] ||
+        die "@bufbuild/buf@$BUF_VERSION is installed in $BUF_PREFIX but $BUF does not run"
+    info "buf $BUF_VERSION in $BUF_PREFIX"
 }
 
 pg_ok() {
@@ -116,6 +136,7 @@ setup_nextest() {
 }
 
 setup_mosquitto
-setup_moto
+setup_venv
+setup_buf
 setup_postgres
 setup_nextest

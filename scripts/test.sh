@@ -3,12 +3,14 @@
 #
 #   ./scripts/test.sh
 #
-# 1. ./scripts/setup.sh installs what the tests need when it is missing (Mosquitto, moto in
-#    .venv, PostgreSQL, cargo-nextest);
-# 2. cargo fmt --check, cargo clippy -D warnings, and a build of every binary (the end-to-end
+# 1. ./scripts/setup.sh installs what the tests need when it is missing (Mosquitto, moto and
+#    grpcio-tools in .venv, buf in .tools, PostgreSQL, cargo-nextest);
+# 2. the protos: `buf lint` (STANDARD rules, proto/buf.yaml), and a Python client generated with
+#    `-I proto` alone, then imported;
+# 3. cargo fmt --check, cargo clippy -D warnings, and a build of every binary (the end-to-end
 #    tests run them) and test;
-# 3. one moto server for the whole run (FERRY_TEST_MOTO_URL), stopped at the end;
-# 4. the whole test suite with cargo-nextest (profile `ci` when CI=true), then doctests if the
+# 4. one moto server for the whole run (FERRY_TEST_MOTO_URL), stopped at the end;
+# 5. the whole test suite with cargo-nextest (profile `ci` when CI=true), then doctests if the
 #    crates have any.
 #
 # Every step runs even after a failure; the script exits non-zero if any failed.
@@ -74,6 +76,30 @@ start_moto() {
     return 1
 }
 
+# Another language's generator needs `-I proto` and nothing else: generate the Python messages and
+# gRPC stubs of every proto, then import each stub (which imports the messages it depends on).
+python_client() {
+    local out=.ferry-test/python-client
+    rm -rf "$out"
+    mkdir -p "$out"
+    "$FERRY_VENV/bin/python" -m grpc_tools.protoc -I proto --python_out="$out" \
+        --grpc_python_out="$out" proto/ferry/v1/*.proto || return 1
+    PYTHONPATH="$out" "$FERRY_VENV/bin/python" - <<'PY'
+import glob
+import importlib
+import os
+
+stubs = sorted(glob.glob(os.path.join(os.environ["PYTHONPATH"], "ferry/v1/*_pb2_grpc.py")))
+assert stubs, "no stubs generated"
+for path in stubs:
+    importlib.import_module("ferry.v1." + os.path.basename(path)[: -len(".py")])
+from ferry.v1 import dlq_pb2
+
+assert dlq_pb2.DlqReason.Name(4) == "DLQ_REASON_OVERSIZED"
+print(f"    {len(stubs)} stub modules import: {', '.join(os.path.basename(p) for p in stubs)}")
+PY
+}
+
 run_tests() {
     local profile=default
     [ "${CI:-}" = "true" ] && profile=ci
@@ -94,6 +120,8 @@ section "Setup (scripts/setup.sh)"
 export FERRY_VENV="${FERRY_VENV:-$PWD/.venv}"
 export FERRY_TEST_PG="${FERRY_TEST_PG:-host=127.0.0.1 port=5432 user=postgres}"
 
+step "buf lint (proto/)" "$BUF" lint proto
+step "Python client from proto/ (grpc_tools.protoc -I proto)" python_client
 step "cargo fmt --check" cargo fmt --all --check
 step "cargo clippy" cargo clippy --workspace --all-targets --quiet -- -D warnings
 # The binaries are built with the tests in one invocation, so both share one feature resolution

@@ -21,10 +21,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
 
-    // Imports inside the files are relative to `proto/ferry/v1`, so both that
-    // folder and the root are include paths.
-    let includes = [proto_root.join("ferry/v1"), proto_root.clone()];
-    let fds = protox::compile(files.map(|f| proto_root.join(f)), includes)?;
+    // Imports are relative to `proto/` (`import "ferry/v1/dlq.proto";`), the
+    // layout every generator expects: `proto/` is the only include path, and
+    // the files are named `ferry/v1/*.proto` in the descriptor set.
+    let fds = protox::compile(files.map(|f| proto_root.join(f)), [&proto_root])?;
 
     // compile_fds does not write the descriptor set itself.
     std::fs::write(out_dir.join("ferry_v1_descriptor.bin"), fds.encode_to_vec())?;

@@ -3,18 +3,46 @@
 //! Subcommands are a clap enum: `validate FILE`, and `run` standalone (`--config FILE`) or
 //! managed (`--control-plane URL`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use ferry_shared::config::{CheckError, ProcessEnv, check_file};
+use ferry_shared::config::{CheckError, LoadError, ProcessEnv, check_file};
 
 /// Exit status of a configuration that did not load or did not validate.
 pub const EXIT_INVALID: u8 = 2;
 
+/// Examples under `ferry-agent --help`.
+const EXAMPLES: &str = "\
+Examples:
+  ferry-agent validate deploy/examples/edge-sqlite.yaml
+  FERRY_DATA_DIR=/tmp/ferry ferry-agent run --config deploy/examples/edge-sqlite.yaml \\
+      --admin-listen 127.0.0.1:9464
+  ferry-agent run --control-plane http://127.0.0.1:50051 --data-dir /tmp/ferry-edge \\
+      --agent-id edge-01 --label site=plant-1";
+
+/// Examples under `ferry-agent run --help`.
+const RUN_EXAMPLES: &str = "\
+Examples:
+  # Standalone, one bridge from a file; its SQLite stores in /tmp/ferry (created when missing)
+  FERRY_DATA_DIR=/tmp/ferry ferry-agent run --config deploy/examples/edge-sqlite.yaml \\
+      --admin-listen 127.0.0.1:9464
+  kill -HUP $(pidof ferry-agent)   # apply the edited file live
+
+  # Managed: the bridges a control plane pushes to agents labelled site=plant-1
+  ferry-agent run --control-plane http://127.0.0.1:50051 --data-dir /tmp/ferry-edge \\
+      --agent-id edge-01 --label site=plant-1 --admin-listen 127.0.0.1:9465";
+
+/// Examples under `ferry-agent validate --help`.
+const VALIDATE_EXAMPLES: &str = "\
+Examples:
+  ferry-agent validate deploy/examples/edge-sqlite.yaml   # prints ok, exits 0
+  FERRY_DATA_DIR=/tmp/ferry ferry-agent validate deploy/examples/edge-sqlite.yaml
+      # ${FERRY_DATA_DIR} in the file is expanded from the environment first";
+
 /// Ferry's agent: receivers, routes, outbox, drainers and senders near the brokers.
 #[derive(Debug, Parser)]
-#[command(name = "ferry-agent", version, about)]
+#[command(name = "ferry-agent", version, about, after_help = EXAMPLES)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -27,6 +55,7 @@ pub enum Command {
     /// Check a bridge configuration file: `${VAR}` expansion, YAML, and every validation rule.
     /// Prints `ok` and exits 0 when it is valid; otherwise prints each problem on stderr and
     /// exits 2.
+    #[command(after_help = VALIDATE_EXAMPLES)]
     Validate(ValidateArgs),
     /// Run until SIGTERM or SIGINT: one bridge from a configuration file (`--config`), or the
     /// bridges a control plane pushes (`--control-plane`, a managed agent). With `--config`, an
@@ -34,6 +63,8 @@ pub enum Command {
     /// opened, or a data directory locked by another running agent (`ferry-agent.lock` beside
     /// the SQLite stores), exits 1. A managed agent exits 1 when its data directory cannot be
     /// created or is locked; a pushed configuration it cannot run is refused (NACK), not fatal.
+    /// Missing data directories (of the SQLite stores, `--data-dir`) are created, mode 0700.
+    #[command(after_help = RUN_EXAMPLES)]
     Run(RunArgs),
 }
 
@@ -99,17 +130,25 @@ pub fn validate(args: &ValidateArgs) -> ExitCode {
             println!("ok");
             ExitCode::SUCCESS
         }
-        Err(CheckError::Load(e)) => {
-            eprintln!("{}: {e}", args.file.display());
-            ExitCode::from(EXIT_INVALID)
-        }
-        Err(CheckError::Invalid(errors)) => {
-            for e in &errors {
+        Err(e) => report_refused(&args.file, &e),
+    }
+}
+
+/// Prints why the configuration `file` was refused on stderr and returns
+/// [`EXIT_INVALID`]: one line when it cannot be read (`ferry-agent: cannot
+/// read configuration file X: permission denied`), `X: message` when it does
+/// not parse, and one `path: message` line per rule it breaks.
+pub fn report_refused(file: &Path, error: &CheckError) -> ExitCode {
+    match error {
+        CheckError::Load(e @ LoadError::Io { .. }) => eprintln!("ferry-agent: {e}"),
+        CheckError::Load(e) => eprintln!("{}: {e}", file.display()),
+        CheckError::Invalid(errors) => {
+            for e in errors {
                 eprintln!("{e}");
             }
-            ExitCode::from(EXIT_INVALID)
         }
     }
+    ExitCode::from(EXIT_INVALID)
 }
 
 #[cfg(test)]
@@ -121,6 +160,57 @@ mod tests {
         match cli.command {
             Command::Run(run) => Ok(run),
             Command::Validate(_) => panic!("not run"),
+        }
+    }
+
+    /// The help text of `ferry-agent ARGS --help`.
+    fn help(args: &[&str]) -> String {
+        let argv = std::iter::once("ferry-agent")
+            .chain(args.iter().copied())
+            .chain(["--help"]);
+        match Cli::try_parse_from(argv) {
+            Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => e.to_string(),
+            other => panic!("expected help, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_help_ends_with_examples() {
+        let top = help(&[]);
+        assert!(top.contains("Examples:\n  ferry-agent validate "), "{top}");
+        assert!(top.contains("ferry-agent run --config "), "{top}");
+        assert!(top.contains("ferry-agent run --control-plane "), "{top}");
+        let run = help(&["run"]);
+        assert!(run.contains("Examples:"), "{run}");
+        assert!(
+            run.contains("ferry-agent run --config deploy/examples/edge-sqlite.yaml"),
+            "{run}"
+        );
+        assert!(run.contains("ferry-agent run --control-plane "), "{run}");
+        let validate = help(&["validate"]);
+        assert!(
+            validate.contains("Examples:\n  ferry-agent validate "),
+            "{validate}"
+        );
+    }
+
+    /// Every `ferry-agent …` command of the examples is one the parser accepts.
+    #[test]
+    fn the_examples_parse() {
+        for examples in [EXAMPLES, RUN_EXAMPLES, VALIDATE_EXAMPLES] {
+            let joined = examples.replace("\\\n", " ");
+            for line in joined.lines() {
+                let command = line.split(" #").next().unwrap_or_default();
+                let words: Vec<&str> = command
+                    .split_whitespace()
+                    .skip_while(|w| w.contains('='))
+                    .collect();
+                if words.first() == Some(&"ferry-agent")
+                    && let Err(e) = Cli::try_parse_from(&words)
+                {
+                    panic!("{line}: {e}");
+                }
+            }
         }
     }
 

@@ -1,20 +1,25 @@
-//! One agent per data directory.
+//! The agent's data directories: created when missing, one agent per
+//! directory.
 //!
 //! Two agents on the same SQLite files would both take the leases of their
 //! (same) agent id, take over each other's MQTT client ids and drive the
-//! counters negative. Before any store is opened, the agent takes an
-//! exclusive lock on `<dir>/ferry-agent.lock` in every directory that holds
-//! one of its SQLite stores (each directory once) and writes its agent id,
-//! pid and start time into the file.
+//! counters negative. Before any store is opened, the agent creates every
+//! directory that holds one of its SQLite stores when it is missing
+//! ([`sqlite_dirs`], [`create`]), then takes an exclusive lock on
+//! `<dir>/ferry-agent.lock` in each (each directory once) and writes its
+//! agent id, pid and start time into the file.
 //!
 //! Invariants:
+//! - a directory is created here or nowhere: before its lock, which lives in
+//!   it, with mode 0700 for it and every parent created
+//!   ([`ferry_shared::os::create_private_dir`]); an existing directory keeps
+//!   its mode; one that cannot be created fails before any store or
+//!   connection is opened, with an error naming it and the OS's reason;
 //! - the locks are held for the life of the process ([`DataDirLocks`] is kept
 //!   until `run` returns) and released by the OS when it ends, also on
 //!   SIGKILL: a crash never leaves a directory locked;
 //! - a second agent fails before it opens any store or connection, with an
-//!   error naming the directory and the holder written in the lock file;
-//! - a directory that does not exist is not created here: opening the store
-//!   reports it.
+//!   error naming the directory and the holder written in the lock file.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -22,13 +27,18 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use ferry_shared::config::{DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, ValidConfig};
+use ferry_shared::os;
 
 /// The lock file's name inside a data directory.
 pub const LOCK_FILE: &str = "ferry-agent.lock";
 
-/// Why the data directories could not be locked.
+/// Why the data directories could not be created or locked.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
+    /// The directory is missing and could not be created (no permission, a
+    /// file in the way).
+    #[error(transparent)]
+    Create(#[from] os::CreateDirError),
     /// Another process holds the lock.
     #[error("data directory {dir} is in use by another agent ({holder}); stop it first")]
     Held {
@@ -38,14 +48,14 @@ pub enum LockError {
         holder: String,
     },
     /// The lock file could not be opened, locked or written.
-    #[error("data directory {dir}: cannot lock {file}: {source}")]
+    #[error("data directory {dir}: cannot lock {file}: {}", os::reason(error))]
     Io {
         /// The directory.
         dir: PathBuf,
         /// The lock file.
         file: String,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The I/O error (in the message, so not a `source`).
+        error: std::io::Error,
     },
 }
 
@@ -62,9 +72,9 @@ impl DataDirLocks {
     }
 }
 
-/// The existing directories of the configuration's SQLite stores, each once
-/// (canonical paths, so `./data` and `data` are one directory).
-pub fn sqlite_dirs(valid: &ValidConfig) -> Vec<PathBuf> {
+/// The directories of the configuration's SQLite stores, each once, created
+/// when missing (canonical paths, so `./data` and `data` are one directory).
+pub fn sqlite_dirs(valid: &ValidConfig) -> Result<Vec<PathBuf>, LockError> {
     let mut paths: Vec<&str> = Vec::new();
     if let Some(OutboxStoreConfig::Sqlite(o)) = &valid.stores.outbox {
         paths.push(&o.path);
@@ -75,21 +85,32 @@ pub fn sqlite_dirs(valid: &ValidConfig) -> Vec<PathBuf> {
     if let Some(DlqStoreConfig::Sqlite(o)) = &valid.stores.dlq {
         paths.push(&o.path);
     }
-    let mut dirs: Vec<PathBuf> = paths
+    let mut dirs = paths
         .into_iter()
-        .filter_map(|p| {
+        .map(|p| {
             let parent = Path::new(p).parent().unwrap_or(Path::new("."));
-            let parent = if parent.as_os_str().is_empty() {
-                Path::new(".")
+            if parent.as_os_str().is_empty() {
+                create(Path::new("."))
             } else {
-                parent
-            };
-            parent.canonicalize().ok()
+                create(parent)
+            }
         })
-        .collect();
+        .collect::<Result<Vec<_>, _>>()?;
     dirs.sort();
     dirs.dedup();
-    dirs
+    Ok(dirs)
+}
+
+/// Creates `dir` when it is missing (mode 0700, parents too) and returns its
+/// canonical path.
+pub fn create(dir: &Path) -> Result<PathBuf, LockError> {
+    os::create_private_dir(dir)?;
+    dir.canonicalize().map_err(|error| {
+        LockError::Create(os::CreateDirError {
+            dir: dir.to_owned(),
+            error,
+        })
+    })
 }
 
 /// Locks every directory in `dirs` for `agent_id`, or fails on the first
@@ -105,10 +126,10 @@ pub fn lock(dirs: &[PathBuf], agent_id: &str) -> Result<DataDirLocks, LockError>
 
 fn lock_one(dir: &Path, agent_id: &str) -> Result<File, LockError> {
     let path = dir.join(LOCK_FILE);
-    let io = |source| LockError::Io {
+    let io = |error| LockError::Io {
         dir: dir.to_owned(),
         file: path.display().to_string(),
-        source,
+        error,
     };
     let mut file = OpenOptions::new()
         .read(true)
@@ -170,5 +191,31 @@ mod tests {
         drop(first);
         let again = lock(&dirs, "second").expect("free after release");
         drop(again);
+    }
+
+    #[test]
+    fn missing_directories_are_created_private_and_a_file_in_the_way_is_named() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().expect("temporary directory");
+        let missing = root.path().join("data/agent");
+        let created = create(&missing).expect("created");
+        assert_eq!(created, missing.canonicalize().expect("canonical"));
+        let mode = std::fs::metadata(&created)
+            .expect("metadata")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        lock(&[created], "agent").expect("lockable");
+
+        let file = root.path().join("file");
+        std::fs::write(&file, b"x").expect("file");
+        let err = create(&file.join("data")).expect_err("a file in the way");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot create the data directory {}: not a directory",
+                file.join("data").display()
+            )
+        );
     }
 }

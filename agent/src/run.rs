@@ -18,7 +18,7 @@ use ferry_agent::runtime::{Bridge, Deps};
 use ferry_shared::config::{CheckError, ProcessEnv, ValidConfig, check_file};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{EXIT_INVALID, RunArgs};
+use crate::cli::{RunArgs, report_refused};
 
 /// `ferry-agent run`.
 pub fn main(args: &RunArgs) -> ExitCode {
@@ -28,21 +28,13 @@ pub fn main(args: &RunArgs) -> ExitCode {
     };
     let valid = match check_file(config, &ProcessEnv) {
         Ok(valid) => valid,
-        Err(CheckError::Load(e)) => {
-            eprintln!("{}: {e}", config.display());
-            return ExitCode::from(EXIT_INVALID);
-        }
-        Err(CheckError::Invalid(errors)) => {
-            for e in &errors {
-                eprintln!("{e}");
-            }
-            return ExitCode::from(EXIT_INVALID);
-        }
+        Err(e) => return report_refused(config, &e),
     };
     block_on(serve(args, config, valid))
 }
 
-/// Runs `serve` on a multi-threaded runtime; an error exits 1.
+/// Runs `serve` on a multi-threaded runtime; an error exits 1 with one line
+/// (the error and its causes, `: `-separated).
 fn block_on(serve: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -57,7 +49,6 @@ fn block_on(serve: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
     match runtime.block_on(serve) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "ferry-agent failed");
             eprintln!("ferry-agent: {e:#}");
             ExitCode::FAILURE
         }
@@ -66,8 +57,8 @@ fn block_on(serve: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
 
 async fn serve(args: &RunArgs, config: &std::path::Path, valid: ValidConfig) -> anyhow::Result<()> {
     let agent_id = args.agent_id.clone().unwrap_or_else(default_agent_id);
-    // Before any store is opened; held until this function returns.
-    let mut locks = vec![datadir::lock(&datadir::sqlite_dirs(&valid), &agent_id)?];
+    // Created and locked before any store is opened; held until this function returns.
+    let mut locks = vec![datadir::lock(&datadir::sqlite_dirs(&valid)?, &agent_id)?];
     for dir in locks.iter().flat_map(|l| l.dirs()) {
         tracing::debug!(dir = %dir.display(), "data directory locked");
     }
@@ -77,11 +68,7 @@ async fn serve(args: &RunArgs, config: &std::path::Path, valid: ValidConfig) -> 
     let readiness = Readiness::default();
     // Bind first: a taken port is an error before any broker connection.
     let listener = match args.admin_listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the admin listener on {addr}"))?,
-        ),
+        Some(addr) => Some(admin::bind(addr).await?),
         None => None,
     };
     let deps = Deps {
@@ -159,10 +146,13 @@ async fn reload(
         .iter()
         .flat_map(|l| l.dirs().map(std::path::Path::to_path_buf))
         .collect();
-    let fresh: Vec<std::path::PathBuf> = datadir::sqlite_dirs(&new)
-        .into_iter()
-        .filter(|d| !held.contains(d))
-        .collect();
+    let fresh: Vec<std::path::PathBuf> = match datadir::sqlite_dirs(&new) {
+        Ok(dirs) => dirs.into_iter().filter(|d| !held.contains(d)).collect(),
+        Err(e) => {
+            tracing::error!(error = %e, "SIGHUP: cannot create a new data directory; the running version keeps going");
+            return;
+        }
+    };
     if !fresh.is_empty() {
         match datadir::lock(&fresh, agent_id) {
             Ok(l) => locks.push(l),

@@ -1,22 +1,35 @@
 //! `ferry-control-plane`: serves Ferry's gRPC API (and, with
 //! `--http-listen`, Prometheus `/metrics`) until SIGTERM or SIGINT.
+//!
+//! A failure to start (a state store that does not open, a port in use)
+//! exits 1 with one line on stderr: `ferry-control-plane: <what and why>`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use ferry_control_plane::server::ControlPlane;
 use ferry_control_plane::services::Options;
-use ferry_control_plane::state::open_state_store;
+use ferry_control_plane::state::{StateUrl, open_state_store};
+use ferry_shared::os::{self, ListenError};
 use tokio::net::TcpListener;
 use tracing::info;
+
+/// Examples under `ferry-control-plane --help`.
+const EXAMPLES: &str = "\
+Examples:
+  # State in ./ferry-data/state.db (created when missing), Prometheus on :9090/metrics
+  ferry-control-plane --listen 127.0.0.1:50051 --http-listen 127.0.0.1:9090
+  # Replicas sharing one PostgreSQL database
+  ferry-control-plane --listen 0.0.0.0:50051 --state postgres://ferry@db/ferry";
 
 /// Ferry's control plane: bridge configurations, agents, leases, dead
 /// letters and metrics over gRPC.
 #[derive(Debug, Parser)]
-#[command(name = "ferry-control-plane", version)]
+#[command(name = "ferry-control-plane", version, after_help = EXAMPLES)]
 struct Args {
     /// Address the gRPC server listens on.
     #[arg(long, default_value = "127.0.0.1:50051", env = "FERRY_LISTEN")]
@@ -44,7 +57,18 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match serve(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferry-control-plane: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
     // Colour only for a person at a terminal: not in files, pipes or
     // journald, and never when `NO_COLOR` is set (no-color.org).
     let colour = std::io::IsTerminal::is_terminal(&std::io::stdout())
@@ -56,7 +80,6 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_ansi(colour)
         .init();
-    let args = Args::parse();
     if args.heartbeat_interval_ms == 0 {
         anyhow::bail!("--heartbeat-interval-ms must be positive");
     }
@@ -65,14 +88,13 @@ async fn main() -> anyhow::Result<()> {
         .state
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}", args.data_dir.join("state.db").display()));
+    create_state_dir(&state_url)?;
     let store = open_state_store(&state_url)
         .await
         .with_context(|| format!("opening the state store {}", redact(&state_url)))?;
     info!(state = %redact(&state_url), "state store open");
 
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding the gRPC listener on {}", args.listen))?;
+    let listener = bind(args.listen, "gRPC listener", "--listen").await?;
     let local = listener.local_addr().context("reading the bound address")?;
 
     let options = Options {
@@ -85,9 +107,7 @@ async fn main() -> anyhow::Result<()> {
 
     let http = match args.http_listen {
         Some(addr) => {
-            let listener = TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the HTTP listener on {addr}"))?;
+            let listener = bind(addr, "HTTP listener", "--http-listen").await?;
             let bound = listener.local_addr().context("reading the bound address")?;
             info!(listen = %bound, "control plane serving /metrics");
             let stop = shutdown.clone().cancelled_owned();
@@ -111,6 +131,33 @@ async fn main() -> anyhow::Result<()> {
     served?;
     info!("control plane stopped");
     Ok(())
+}
+
+/// Creates the directory of an SQLite state file when it is missing (mode
+/// 0700), so that a failure is reported as what it is: the directory, and
+/// why it cannot be created.
+fn create_state_dir(state_url: &str) -> anyhow::Result<()> {
+    let Ok(StateUrl::Sqlite(file)) = StateUrl::parse(state_url) else {
+        return Ok(());
+    };
+    if let Some(dir) = file.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        os::create_private_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// Binds `addr` for `what`; a refusal names the flag that chooses it.
+async fn bind(
+    addr: SocketAddr,
+    what: &'static str,
+    flag: &'static str,
+) -> Result<TcpListener, ListenError> {
+    TcpListener::bind(addr).await.map_err(|error| ListenError {
+        addr,
+        what,
+        flag,
+        error,
+    })
 }
 
 /// The state URL without its password, for logs.
@@ -150,4 +197,30 @@ async fn shutdown_signal() {
         }
     }
     info!("shutdown requested");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn help_ends_with_examples_that_parse() {
+        let help = match Args::try_parse_from(["ferry-control-plane", "--help"]) {
+            Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => e.to_string(),
+            other => panic!("expected help, got {other:?}"),
+        };
+        assert!(help.contains("Examples:\n"), "{help}");
+        let commands: Vec<&str> = EXAMPLES
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("ferry-control-plane "))
+            .collect();
+        assert_eq!(commands.len(), 2, "{EXAMPLES}");
+        for command in commands {
+            assert!(help.contains(command), "{help}");
+            if let Err(e) = Args::try_parse_from(command.split_whitespace()) {
+                panic!("{command}: {e}");
+            }
+        }
+    }
 }

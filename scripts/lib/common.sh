@@ -1,4 +1,10 @@
-# Shared helpers for scripts/*.sh. Source it; it defines functions only.
+# Shared helpers for scripts/*.sh. Source it from the repository root; it defines functions and
+# the paths of the tools scripts/setup.sh installs.
+
+# buf (protobuf lint), installed with npm into a project-local, git-ignored folder.
+BUF_VERSION=1.75.0
+BUF_PREFIX=.tools/buf
+BUF=$BUF_PREFIX/node_modules/.bin/buf
 
 # section TITLE: a visible header between the steps of a script.
 section() {

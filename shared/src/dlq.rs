@@ -51,6 +51,14 @@ pub enum DlqReason {
 }
 
 impl DlqReason {
+    /// Every reason, in `ferry.v1.DlqReason` number order.
+    pub const ALL: [Self; 4] = [
+        Self::PermanentError,
+        Self::ReplayExhausted,
+        Self::Expired,
+        Self::Oversized,
+    ];
+
     /// The stable `ferry.v1.DlqReason` number of this reason.
     pub fn code(self) -> i32 {
         pb::DlqReason::from(self) as i32
@@ -81,13 +89,7 @@ impl DlqReason {
 
     /// Parses [`DlqReason::as_str`]'s spelling.
     pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "permanent_error" => Some(Self::PermanentError),
-            "replay_exhausted" => Some(Self::ReplayExhausted),
-            "expired" => Some(Self::Expired),
-            "oversized" => Some(Self::Oversized),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|r| r.as_str() == text)
     }
 }
 
@@ -318,17 +320,14 @@ mod tests {
 
     #[test]
     fn reason_round_trips_through_code_and_text() {
-        for r in [
-            DlqReason::PermanentError,
-            DlqReason::ReplayExhausted,
-            DlqReason::Expired,
-            DlqReason::Oversized,
-        ] {
+        for (r, code) in DlqReason::ALL.into_iter().zip(1..) {
+            assert_eq!(r.code(), code, "ALL is in number order");
             assert_eq!(DlqReason::from_code(r.code()), Some(r));
             assert_eq!(DlqReason::parse(r.as_str()), Some(r));
         }
         assert_eq!(DlqReason::from_code(0), None);
         assert_eq!(DlqReason::from_code(99), None);
+        assert_eq!(DlqReason::parse("unspecified"), None);
     }
 
     #[test]

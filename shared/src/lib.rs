@@ -10,6 +10,8 @@
 //!   argument) every lease backend of both halves applies.
 //! - [`config`]: the bridge configuration model (the YAML document), its
 //!   loading with `${VAR}` expansion, and the pure validator both halves run.
+//! - [`os`]: private data directories created when missing, and one-line reasons for a
+//!   listener that cannot bind or a file that cannot be read.
 //!
 //! The agent and the control plane never depend on each other; they meet here.
 #![forbid(unsafe_code)]
@@ -19,3 +21,4 @@ pub mod config;
 pub mod dlq;
 pub mod envelope;
 pub mod lease;
+pub mod os;

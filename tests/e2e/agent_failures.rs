@@ -221,7 +221,8 @@ async fn oversized_payload_is_dead_lettered_on_direct_hold() -> anyhow::Result<(
 }
 
 /// An invalid configuration exits 2, listing the problem, without connecting to the broker;
-/// a store that cannot be opened exits 1 with a clear message.
+/// a store that cannot be opened exits 1 with a clear message. (A data directory that cannot
+/// be created: `first_run`.)
 #[tokio::test]
 async fn bad_configurations_fail_before_connecting() -> anyhow::Result<()> {
     let broker = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -256,7 +257,11 @@ async fn bad_configurations_fail_before_connecting() -> anyhow::Result<()> {
         "no connection before the configuration is known to be valid"
     );
 
-    bridge.dir = "/nonexistent/ferry".into();
+    // The stores' directory is created when missing; a store path that is a directory is not
+    // a database.
+    let stores = dir.path().join("stores");
+    std::fs::create_dir_all(stores.join("outbox.db"))?;
+    bridge.dir = stores;
     let mut agent = run(bridge.yaml())?;
     let status = agent.wait_exit(Duration::from_secs(15)).await?;
     assert_eq!(status.code(), Some(1), "{}", agent.output_tail());

@@ -251,15 +251,17 @@ async fn managed_agent_runs_applied_configs_and_nacks_what_it_cannot_run() -> an
     // The last good version still bridges.
     flows(&broker, &out, N..2 * N, 2 * N).await?;
 
-    // One that fails only once the old version stopped (its DLQ's directory
-    // does not exist, so nothing to lock; a change of stores restarts the
-    // whole bridge): NACKed, and the last good version started again.
-    let missing = dir.path().join("missing/dlq.db").display().to_string();
+    // One that fails only once the old version stopped (its DLQ's path is a
+    // directory: its parent is created and locked, the store fails to open;
+    // a change of stores restarts the whole bridge): NACKed, and the last
+    // good version started again.
+    let a_dir = dir.path().join("dlq-is-a-directory");
+    std::fs::create_dir(&a_dir)?;
     apply(
         &cp,
         dir.path(),
         "v3.yaml",
-        &document("edge", &broker.url(), &missing),
+        &document("edge", &broker.url(), &a_dir.display().to_string()),
     )
     .await?;
     let nack = ferry_tests::wait::until_ok(TIMEOUT, "the second NACK", || async {

@@ -233,3 +233,40 @@ async fn ferryctl_manages_configs_agents_and_dead_letters() -> anyhow::Result<()
     drop(tx);
     Ok(())
 }
+
+/// More leases than the server puts on one page (100 by default): `get
+/// leases` follows the page tokens and lists every one, in key order, once.
+#[tokio::test]
+async fn ferryctl_lists_every_page() -> anyhow::Result<()> {
+    const LEASES: usize = 250;
+    let cp = ControlPlane::start(None).await?;
+    let mut leases = pb::lease_service_client::LeaseServiceClient::new(cp.channel().await?);
+    let keys: Vec<String> = (0..LEASES).map(|i| format!("paging/p{i:03}")).collect();
+    // One more lease outside the prefix, which the first listing leaves out.
+    let outside = "other/p".to_owned();
+    for key in keys.iter().chain([&outside]) {
+        leases
+            .acquire_lease(pb::AcquireLeaseRequest {
+                key: key.clone(),
+                holder: "e2e".into(),
+                ttl: Some(prost_types::Duration {
+                    seconds: 600,
+                    nanos: 0,
+                }),
+            })
+            .await?;
+    }
+
+    let out = ok(&cp, &["-o", "json", "get", "leases", "--prefix", "paging/"]).await?;
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&out)?;
+    let listed: Vec<&str> = listed
+        .iter()
+        .map(|lease| lease["key"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(listed, keys);
+
+    let table = ok(&cp, &["get", "leases"]).await?;
+    assert_eq!(table.lines().count(), 1 + LEASES + 1, "header and rows");
+    assert!(table.contains(&outside) && table.contains("paging/p249"));
+    Ok(())
+}

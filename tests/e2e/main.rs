@@ -22,5 +22,8 @@ mod agent_visibility;
 mod control_plane;
 mod cp_stores;
 mod cp_stores_conformance;
+mod deploy_manifests;
 mod ferryctl;
+mod first_run;
 mod harness_selftest;
+mod quickstart;

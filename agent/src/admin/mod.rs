@@ -11,6 +11,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use ferry_shared::os::ListenError;
 use tokio::net::TcpListener;
 
 use crate::health::Readiness;
@@ -43,6 +44,17 @@ pub fn router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .with_state(AdminState { metrics, readiness })
+}
+
+/// Binds the admin listener on `addr` (`--admin-listen`); a refusal says
+/// which flag to change.
+pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, ListenError> {
+    TcpListener::bind(addr).await.map_err(|error| ListenError {
+        addr,
+        what: "admin listener",
+        flag: "--admin-listen",
+        error,
+    })
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves.

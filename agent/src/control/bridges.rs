@@ -45,7 +45,7 @@ pub enum ApplyError {
         /// The document's.
         found: String,
     },
-    /// A data directory could not be locked.
+    /// A data directory could not be created or locked.
     #[error(transparent)]
     Lock(#[from] datadir::LockError),
     /// The bridge did not start (a store did not open, a session was refused).
@@ -286,9 +286,10 @@ impl Bridges {
         self.handles.send_replace(handles);
     }
 
-    /// Locks the directories of `valid`'s SQLite stores not locked yet.
+    /// Creates (when missing) and locks the directories of `valid`'s SQLite
+    /// stores not locked yet.
     fn lock_dirs(&mut self, valid: &ValidConfig) -> Result<(), datadir::LockError> {
-        let missing: Vec<PathBuf> = datadir::sqlite_dirs(valid)
+        let missing: Vec<PathBuf> = datadir::sqlite_dirs(valid)?
             .into_iter()
             .filter(|dir| !self.locks.contains_key(dir))
             .collect();
@@ -339,7 +340,7 @@ mod tests {
         bridges.apply_version("a", 1, &good).await?;
         assert_eq!(bridges.version("a"), Some(1));
 
-        // Invalid, for another bridge, and failing to start (no such directory).
+        // Invalid, for another bridge, and failing to start (a DLQ path that is a directory).
         let invalid = good.replace("bindings: [to-out]", "bindings: [nowhere]");
         let refused = bridges.apply_version("a", 2, &invalid).await;
         assert!(
@@ -353,7 +354,9 @@ mod tests {
             matches!(other, Err(ApplyError::WrongBridge { .. })),
             "{other:?}"
         );
-        let broken = document("a", &dir.path().join("missing/dlq.db"));
+        let a_directory = dir.path().join("dlq-is-a-directory");
+        std::fs::create_dir(&a_directory)?;
+        let broken = document("a", &a_directory);
         let failed = bridges.apply_version("a", 4, &broken).await;
         assert!(matches!(failed, Err(ApplyError::Start(_))), "{failed:?}");
         assert_eq!(bridges.version("a"), Some(1));

@@ -58,12 +58,12 @@ pub struct ConfigCache {
 }
 
 impl ConfigCache {
-    /// The cache in `<data_dir>/configs`, created when missing.
+    /// The cache in `<data_dir>/configs`, created when missing (mode 0700).
     pub fn open(data_dir: &Path) -> Result<Self, CacheError> {
         let dir = data_dir.join("configs");
-        fs::create_dir_all(&dir).map_err(|source| CacheError::Io {
+        ferry_shared::os::create_private_dir(&dir).map_err(|e| CacheError::Io {
             path: dir.clone(),
-            source,
+            source: e.error,
         })?;
         Ok(Self { dir })
     }

@@ -10,7 +10,9 @@
 //! - [`cache`]: every ACKed configuration on disk, so the agent runs without
 //!   the control plane;
 //! - [`report`]: the metrics snapshot sent up the stream every interval;
-//! - [`commands`]: the control plane's commands (redrive), one task each.
+//! - [`commands`]: the control plane's commands (redrive), one task each;
+//! - [`managed`]: the whole managed agent (data directory, admin listener,
+//!   this loop) behind one call, for `ferry-agent run` and `ferry quickstart`.
 //!
 //! Invariants:
 //! - the cached bridges start before the first connection attempt, so an
@@ -18,7 +20,8 @@
 //! - the running bridges do not depend on the stream: a lost control plane
 //!   stops no message flow, and the agent reconnects with jittered
 //!   exponential backoff, capped at the heartbeat interval (so it is back
-//!   within about one interval of the control plane's return);
+//!   within about one interval of the control plane's return), logging an
+//!   outage once rather than once per attempt;
 //! - on shutdown the stream ends first, then every bridge shuts down
 //!   gracefully.
 
@@ -26,6 +29,7 @@ pub mod applier;
 pub mod bridges;
 pub mod cache;
 pub mod commands;
+pub mod managed;
 pub mod report;
 pub mod stream;
 
@@ -70,6 +74,9 @@ pub async fn run(
     let applier = tokio::spawn(applier::run(bridges, work_rx));
     let mut heartbeat = stream::DEFAULT_HEARTBEAT;
     let mut backoff = new_backoff(heartbeat);
+    // The error last logged while the control plane is unreachable: an outage
+    // is logged once (and again when its error changes), not once per attempt.
+    let mut logged: Option<String> = None;
     while !shutdown.is_cancelled() {
         let serve = stream::serve(
             &endpoint,
@@ -87,15 +94,21 @@ pub async fn run(
         };
         if reached == Reached::Yes {
             backoff = new_backoff(heartbeat);
+            logged = None;
         }
-        match result {
+        let error = match result {
             Ok(()) => break,
-            Err(error) => {
-                tracing::warn!(%endpoint, %error, "control plane stream down; reconnecting")
-            }
-        }
+            Err(error) => error.to_string(),
+        };
         let delay = backoff.next_delay();
-        tracing::debug!(?delay, "next connection attempt");
+        if logged.as_ref() == Some(&error) {
+            tracing::debug!(%endpoint, %error, ?delay, "control plane still unreachable");
+        } else if reached == Reached::Yes {
+            tracing::warn!(%endpoint, %error, "control plane stream down; reconnecting (the bridges keep running)");
+        } else {
+            tracing::warn!(%endpoint, %error, retry_max = ?heartbeat, "cannot reach the control plane; the bridges keep running, retrying with backoff (logged again when connected or when the error changes)");
+        }
+        logged = Some(error);
         tokio::select! {
             () = shutdown.cancelled() => break,
             () = tokio::time::sleep(delay) => {}

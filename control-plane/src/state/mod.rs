@@ -252,15 +252,21 @@ impl StateUrl {
 }
 
 /// Opens the state store a URL names (see [`StateUrl::parse`]): an SQLite
-/// file is created, with its directory, if missing; a PostgreSQL database
+/// file is created, with its directory (mode 0700), if missing; a PostgreSQL database
 /// must exist. Either way the schema is created or brought up to date.
 pub async fn open_state_store(url: &str) -> StateResult<Arc<dyn StateStore>> {
     match StateUrl::parse(url)? {
         StateUrl::Sqlite(path) => {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                tokio::fs::create_dir_all(parent).await.map_err(|e| {
-                    StateError::Unavailable(format!("creating {}: {e}", parent.display()))
-                })?;
+                // Private, like every directory Ferry creates (`ferry_shared::os`).
+                tokio::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(ferry_shared::os::PRIVATE_DIR_MODE)
+                    .create(parent)
+                    .await
+                    .map_err(|e| {
+                        StateError::Unavailable(format!("creating {}: {e}", parent.display()))
+                    })?;
             }
             Ok(Arc::new(sqlite::SqliteStore::open(path).await?))
         }

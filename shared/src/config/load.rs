@@ -14,8 +14,8 @@ pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
 /// Why a document could not be loaded. Nothing was applied in any case.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    /// The file could not be read.
-    #[error("cannot read {}: {source}", path.display())]
+    /// The file could not be read (missing, not readable, a directory).
+    #[error("cannot read configuration file {}: {}", path.display(), crate::os::reason(source))]
     Io {
         /// The file.
         path: PathBuf,
@@ -198,7 +198,15 @@ mod tests {
     fn missing_file_is_an_io_error() {
         let err = load_file(Path::new("/nonexistent/ferry.yaml")).expect_err("missing");
         assert!(matches!(err, LoadError::Io { .. }));
-        assert!(err.to_string().contains("/nonexistent/ferry.yaml"));
+        assert_eq!(
+            err.to_string(),
+            "cannot read configuration file /nonexistent/ferry.yaml: no such file or directory"
+        );
+        let err = load_file(Path::new("/")).expect_err("a directory");
+        assert_eq!(
+            err.to_string(),
+            "cannot read configuration file /: is a directory"
+        );
     }
 
     proptest::proptest! {

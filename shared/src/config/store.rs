@@ -2,10 +2,21 @@
 //! `options`.
 //!
 //! Each store is a serde enum adjacently tagged by `type` with its `options` as content, so every
-//! backend has its own option struct with unknown fields denied. `options` is always required
-//! (write `options: {}` when every option has a default).
+//! backend has its own option struct with unknown fields denied. An absent (or empty) `options`
+//! is read as `options: {}`, and no option is required by serde: a key that must be set (a
+//! SQLite `path`, a DynamoDB `table_name`) defaults to empty and the validator names it, so
+//! every store misconfiguration is answered with its `path: message`.
+//!
+//! (How: serde hands a missing adjacently tagged content to the variant's type as a missing
+//! field, which only `deserialize_option` accepts. So each option struct derives its field-by-
+//! field deserializer under `#[serde(remote = "Self")]`, an inherent function, and
+//! [`absent_is_empty!`] implements `Deserialize` through `deserialize_option` around it.)
+
+use std::fmt;
+use std::marker::PhantomData;
 
 use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor, value::MapDeserializer};
 
 use super::duration::Duration;
 
@@ -140,7 +151,7 @@ impl DlqStoreConfig {
 
 /// Options of a `memory` store.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct MemoryOptions {
     /// Acknowledge that what the store holds is lost on restart. A `memory` outbox or DLQ is
     /// rejected unless this is true (a source is settled once its message is in the outbox or
@@ -163,9 +174,10 @@ pub enum SqliteSynchronous {
 
 /// Options of an `sqlite` lease or DLQ store.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct SqliteOptions {
-    /// The database file (created if missing).
+    /// The database file (created if missing, with its directory). Required.
+    #[serde(default)]
     pub path: String,
     /// `full` (default) or `normal`.
     #[serde(default)]
@@ -182,9 +194,10 @@ pub struct SqliteOptions {
 
 /// Options of an `sqlite` outbox.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct SqliteOutboxOptions {
-    /// The database file (created if missing).
+    /// The database file (created if missing, with its directory). Required.
+    #[serde(default)]
     pub path: String,
     /// `full` (default) or `normal`.
     #[serde(default)]
@@ -205,9 +218,10 @@ pub struct SqliteOutboxOptions {
 
 /// Options of a `dynamodb` lease or DLQ store.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct DynamoDbOptions {
-    /// The table.
+    /// The table. Required.
+    #[serde(default)]
     pub table_name: String,
     /// AWS region (default: the SDK's region chain).
     #[serde(default)]
@@ -219,9 +233,10 @@ pub struct DynamoDbOptions {
 
 /// Options of a `dynamodb` outbox.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct DynamoDbOutboxOptions {
-    /// The table.
+    /// The table. Required.
+    #[serde(default)]
     pub table_name: String,
     /// AWS region (default: the SDK's region chain).
     #[serde(default)]
@@ -237,10 +252,11 @@ pub struct DynamoDbOutboxOptions {
 
 /// Options of a `postgres` outbox.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct PostgresOutboxOptions {
     /// Connection URL, `postgres://user:password@host:port/database` (use `${VAR}` for the
-    /// password).
+    /// password). Required.
+    #[serde(default)]
     pub url: String,
     /// Schema of the outbox table. Default `public`.
     #[serde(default = "default_postgres_schema")]
@@ -256,13 +272,59 @@ pub struct PostgresOutboxOptions {
 
 /// Options of a `control_plane` lease or DLQ store.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ControlPlaneOptions {
     /// The control plane's gRPC endpoint (`http://` or `https://`). Default: the control plane
     /// the agent gets its configuration from.
     #[serde(default)]
     pub endpoint: Option<String>,
 }
+
+/// Implements `Deserialize` for option structs whose `remote = "Self"` inherent function reads
+/// their fields: an absent or null `options` is read as an empty mapping, so every field takes
+/// its default.
+macro_rules! absent_is_empty {
+    ($($options:ty),+ $(,)?) => {$(
+        impl<'de> Deserialize<'de> for $options {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                deserializer.deserialize_option(AbsentIsEmpty::<$options>(PhantomData))
+            }
+        }
+
+        impl<'de> Visitor<'de> for AbsentIsEmpty<$options> {
+            type Value = $options;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping of store options")
+            }
+
+            fn visit_none<E: de::Error>(self) -> Result<$options, E> {
+                <$options>::deserialize(MapDeserializer::new(std::iter::empty::<(&str, &str)>()))
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<$options, E> {
+                self.visit_none()
+            }
+
+            fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<$options, D::Error> {
+                <$options>::deserialize(deserializer)
+            }
+        }
+    )+};
+}
+
+/// The visitor [`absent_is_empty!`] implements for each option struct.
+struct AbsentIsEmpty<T>(PhantomData<T>);
+
+absent_is_empty!(
+    MemoryOptions,
+    SqliteOptions,
+    SqliteOutboxOptions,
+    DynamoDbOptions,
+    DynamoDbOutboxOptions,
+    PostgresOutboxOptions,
+    ControlPlaneOptions,
+);
 
 /// The smallest `max_size_bytes` a SQLite store accepts: 16 pages of 4 KiB, room for its
 /// schema and a few rows.
@@ -286,4 +348,145 @@ pub fn default_postgres_schema() -> String {
 /// Default PostgreSQL outbox table.
 pub fn default_postgres_table() -> String {
     "ferry_outbox".to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{CheckError, check_bytes};
+    use super::*;
+
+    /// The validator's `path: message` lines about `stores` for a document whose only content
+    /// is `stores` (it has no route, which is another error).
+    fn check(stores: &str) -> Result<(), Vec<String>> {
+        let doc = format!("bridge:\n  id: b\nstores:\n{stores}");
+        let errors: Vec<String> = match check_bytes(doc.as_bytes(), &|_: &str| None) {
+            Ok(_) => Vec::new(),
+            Err(CheckError::Invalid(errors)) => errors
+                .iter()
+                .filter(|e| e.path.starts_with("stores."))
+                .map(ToString::to_string)
+                .collect(),
+            Err(e @ CheckError::Load(_)) => panic!("a serde error instead of the validator's: {e}"),
+        };
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+
+    #[test]
+    fn a_memory_outbox_without_options_gets_the_validators_explanation() {
+        for options in [
+            "",
+            "    options:\n",
+            "    options: ~\n",
+            "    options: {}\n",
+        ] {
+            let errors = check(&format!("  outbox:\n    type: memory\n{options}"))
+                .expect_err("volatile not acknowledged");
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(
+                errors[0].starts_with("stores.outbox.options.acknowledge_volatile: a memory outbox loses its records on restart"),
+                "{errors:?}"
+            );
+        }
+        let ok = "  outbox:\n    type: memory\n    options:\n      acknowledge_volatile: true\n";
+        assert_eq!(check(ok), Ok(()));
+    }
+
+    #[test]
+    fn every_store_type_parses_without_options_and_the_validator_names_what_is_missing() {
+        let cases = [
+            (
+                "outbox",
+                "sqlite",
+                Some("stores.outbox.options.path: must not be empty"),
+            ),
+            (
+                "outbox",
+                "dynamodb",
+                Some("stores.outbox.options.table_name: must not be empty"),
+            ),
+            (
+                "outbox",
+                "postgres",
+                Some("stores.outbox.options.url: must be a postgres://"),
+            ),
+            ("lease", "memory", None),
+            (
+                "lease",
+                "sqlite",
+                Some("stores.lease.options.path: must not be empty"),
+            ),
+            (
+                "lease",
+                "dynamodb",
+                Some("stores.lease.options.table_name: must not be empty"),
+            ),
+            ("lease", "control_plane", None),
+            (
+                "dlq",
+                "memory",
+                Some("stores.dlq.options.acknowledge_volatile: a memory dlq"),
+            ),
+            (
+                "dlq",
+                "sqlite",
+                Some("stores.dlq.options.path: must not be empty"),
+            ),
+            (
+                "dlq",
+                "dynamodb",
+                Some("stores.dlq.options.table_name: must not be empty"),
+            ),
+            ("dlq", "control_plane", None),
+        ];
+        for (store, kind, expected) in cases {
+            let result = check(&format!("  {store}:\n    type: {kind}\n"));
+            match expected {
+                None => assert_eq!(result, Ok(()), "{store} {kind}"),
+                Some(line) => {
+                    let errors = result.expect_err(line);
+                    assert!(
+                        errors.iter().any(|e| e.starts_with(line)),
+                        "{store} {kind}: {errors:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn absent_options_take_the_same_defaults_as_written_ones() {
+        let parse =
+            |yaml: &str| -> OutboxStoreConfig { serde_saphyr::from_str(yaml).expect("parses") };
+        let absent = parse("type: sqlite\n");
+        let empty = parse("type: sqlite\noptions: {}\n");
+        assert_eq!(absent, empty);
+        let OutboxStoreConfig::Sqlite(o) = absent else {
+            panic!("sqlite");
+        };
+        assert_eq!(o.busy_timeout, default_busy_timeout());
+        assert_eq!(o.synchronous, SqliteSynchronous::Full);
+        // Options before the type are read the same way.
+        assert_eq!(
+            parse("options:\n  path: /x.db\ntype: sqlite\n"),
+            parse("type: sqlite\noptions:\n  path: /x.db\n")
+        );
+    }
+
+    #[test]
+    fn an_unknown_option_is_still_refused_where_it_is_written() {
+        let doc = "bridge:\n  id: b\nstores:\n  outbox:\n    type: memory\n    options:\n      acknowledge_volatil: true\n";
+        let Err(CheckError::Load(e)) = check_bytes(doc.as_bytes(), &|_: &str| None) else {
+            panic!("an unknown field is a load error");
+        };
+        let shown = e.to_string();
+        assert!(
+            shown.contains("unknown field `acknowledge_volatil`"),
+            "{shown}"
+        );
+        assert!(shown.contains("line 7"), "{shown}");
+    }
 }

@@ -7,6 +7,11 @@
 //! broker redelivers them), publishes `false` on the connected watch, and
 //! reconnects after an exponential backoff with jitter. On CONNACK it publishes
 //! `true`, and subscribes again when the broker kept no session.
+//!
+//! An outage is logged once, not once per attempt: a warning when the broker
+//! cannot be reached (or the connection is lost), naming the session, the
+//! broker URL and the error; again only if the error changes; and one line
+//! when it connects, with how many attempts failed and for how long.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,6 +99,8 @@ impl MqttSession {
         let reconnects = Arc::new(AtomicU64::new(0));
         let task = EventTask {
             name: settings.name.clone(),
+            broker: settings.broker_url.clone(),
+            outage: None,
             max_packet: settings.max_packet_bytes as usize,
             client: client.clone(),
             eventloop,
@@ -180,6 +187,10 @@ impl Session for MqttSession {
 
 struct EventTask {
     name: String,
+    /// The broker URL as configured, for the log lines of an outage.
+    broker: String,
+    /// Set from the first failed attempt (or lost connection) until CONNACK.
+    outage: Option<Outage>,
     max_packet: usize,
     client: Client,
     eventloop: EventLoop,
@@ -239,10 +250,8 @@ impl EventTask {
                         );
                     } else if deliberate && lasted.is_some() {
                         tracing::info!(session = %self.name, ?delay, "reconnecting as requested");
-                    } else if lasted.is_some() {
-                        tracing::warn!(session = %self.name, %error, ?delay, "mqtt connection lost; reconnecting");
                     } else {
-                        tracing::warn!(session = %self.name, %error, ?delay, "mqtt connection failed; retrying");
+                        self.connection_failed(error, lasted.is_some(), delay);
                     }
                     tokio::select! {
                         biased;
@@ -253,6 +262,35 @@ impl EventTask {
             }
         }
         self.shut_down(connected_at.is_some()).await;
+    }
+
+    /// Logs a lost connection or a failed attempt once per outage (and again
+    /// when the error changes); the other attempts at debug level.
+    fn connection_failed(&mut self, error: String, was_connected: bool, delay: Duration) {
+        let (session, broker, retry_max) = (&self.name, &self.broker, self.backoff.max);
+        match &mut self.outage {
+            Some(outage) if outage.error == error => {
+                outage.failed += 1;
+                tracing::debug!(%session, %error, ?delay, "mqtt connection failed; retrying");
+            }
+            Some(outage) => {
+                outage.failed += 1;
+                tracing::warn!(%session, %broker, %error, failed = outage.failed, "mqtt broker still unreachable, with another error; retrying");
+                outage.error = error;
+            }
+            None => {
+                if was_connected {
+                    tracing::warn!(%session, %broker, %error, ?retry_max, "mqtt connection lost; reconnecting with backoff (logged again when connected)");
+                } else {
+                    tracing::warn!(%session, %broker, %error, ?retry_max, "cannot reach the mqtt broker; retrying with backoff until it answers (logged again when connected)");
+                }
+                self.outage = Some(Outage {
+                    since: Instant::now(),
+                    failed: u64::from(!was_connected),
+                    error,
+                });
+            }
+        }
     }
 
     fn handle(&mut self, event: Event) {
@@ -270,7 +308,19 @@ impl EventTask {
                 if !subscribing {
                     self.connected.send_replace(true);
                 }
-                tracing::info!(session = %self.name, session_present, "mqtt connected");
+                match self.outage.take() {
+                    Some(outage) => tracing::info!(
+                        session = %self.name,
+                        broker = %self.broker,
+                        session_present,
+                        failed_attempts = outage.failed,
+                        unreachable_for = ?outage.since.elapsed(),
+                        "mqtt connected"
+                    ),
+                    None => {
+                        tracing::info!(session = %self.name, broker = %self.broker, session_present, "mqtt connected")
+                    }
+                }
             }
             Event::Publish(received) => match &mut self.feed {
                 Some(feed) => feed.on_publish(received),
@@ -343,6 +393,15 @@ impl EventTask {
         self.senders.progress.notify_waiters();
         tracing::info!(session = %self.name, "mqtt session stopped");
     }
+}
+
+/// A broker outage as the log tells it: since when, how many attempts failed,
+/// and the error last logged.
+#[derive(Debug)]
+struct Outage {
+    since: Instant,
+    failed: u64,
+    error: String,
 }
 
 /// Exponential backoff with "equal jitter": each delay is between half and all

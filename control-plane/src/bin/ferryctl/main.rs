@@ -4,6 +4,11 @@
 //! rejected configuration). Everything goes to stdout through [`out!`] and
 //! [`outln!`]: a reader that goes away (`ferryctl get configs | head -1`)
 //! ends the command quietly with exit 0 instead of a "Broken pipe" panic.
+//!
+//! This file is the command line and its dispatch; each resource is a module
+//! with its calls and its views (how its messages are shown): [`configs`],
+//! [`agents`], [`leases`], [`dlq`], [`metrics`]. [`paging`] follows page
+//! tokens for every listing, [`output`] renders tables, JSON and YAML.
 
 /// `print!` that returns the write error instead of panicking (see
 /// [`output::write_stdout`]).
@@ -18,32 +23,42 @@ macro_rules! outln {
     };
 }
 
+mod agents;
+mod configs;
+mod dlq;
+mod leases;
+mod metrics;
 mod output;
-mod views;
+mod paging;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand};
-use ferry_shared::api::v1 as pb;
-use pb::agent_service_client::AgentServiceClient;
-use pb::config_service_client::ConfigServiceClient;
-use pb::dlq_service_client::DlqServiceClient;
-use pb::lease_service_client::LeaseServiceClient;
-use pb::metrics_service_client::MetricsServiceClient;
+use ferry_shared::dlq::{DlqFilter, DlqReason};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::output::Format;
-use crate::views::{
-    AgentBindingView, AgentView, ConfigView, DlqEntryView, LeaseView, RedriveView, RouteView,
-    TotalsView, VersionView,
-};
+
+/// Shown at the end of `--help`. Every line is a command the unit tests parse.
+const EXAMPLES: &str = "\
+Examples:
+  ferryctl apply -f deploy/examples/durable-sensor-ingest.yaml --selector site=plant-1
+  ferryctl get configs
+  ferryctl get agents --watch
+  ferryctl describe agent edge-01
+  ferryctl history durable-sensor-ingest
+  ferryctl rollback durable-sensor-ingest --to 1
+  ferryctl get dlq --bridge durable-sensor-ingest --reason oversized
+  ferryctl dlq redrive --route sensor-ingest --limit 50
+  ferryctl -o json metrics --by-agent
+  ferryctl --endpoint http://127.0.0.1:9464 get dlq    # an agent's own dead letters";
 
 /// Manage Ferry bridges, agents, leases and dead letters.
 #[derive(Debug, Parser)]
-#[command(name = "ferryctl", version)]
+#[command(name = "ferryctl", version, after_help = EXAMPLES)]
 struct Cli {
     /// The control plane's gRPC endpoint.
     #[arg(
@@ -225,28 +240,27 @@ struct DlqFilterArgs {
     #[arg(long)]
     binding: Option<String>,
     /// Only this reason.
-    #[arg(long, value_parser = ["permanent_error", "replay_exhausted", "expired", "oversized"])]
-    reason: Option<String>,
+    #[arg(long, value_parser = reason_parser())]
+    reason: Option<DlqReason>,
 }
 
-impl DlqFilterArgs {
-    fn to_proto(&self) -> pb::DlqFilter {
-        let reason = match self.reason.as_deref() {
-            Some("permanent_error") => pb::DlqReason::PermanentError,
-            Some("replay_exhausted") => pb::DlqReason::ReplayExhausted,
-            Some("expired") => pb::DlqReason::Expired,
-            Some("oversized") => pb::DlqReason::Oversized,
-            _ => pb::DlqReason::Unspecified,
-        };
-        pb::DlqFilter {
-            bridge_id: self.bridge.clone().unwrap_or_default(),
-            route_id: self.route.clone().unwrap_or_default(),
-            binding_id: self.binding.clone().unwrap_or_default(),
-            reason: reason.into(),
+impl From<DlqFilterArgs> for DlqFilter {
+    fn from(args: DlqFilterArgs) -> Self {
+        DlqFilter {
+            bridge_id: args.bridge,
+            route_id: args.route,
+            binding_id: args.binding,
+            reason: args.reason,
             since: None,
             until: None,
         }
     }
+}
+
+/// `--reason`: one of the shared model's reason names, listed in `--help`.
+fn reason_parser() -> impl TypedValueParser<Value = DlqReason> {
+    PossibleValuesParser::new(DlqReason::ALL.map(DlqReason::as_str))
+        .try_map(|name| DlqReason::parse(&name).ok_or("not a dead-letter reason"))
 }
 
 fn parse_label(text: &str) -> Result<(String, String), String> {
@@ -259,7 +273,7 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli).await {
+    match run(&cli.endpoint, cli.output, cli.command).await {
         Ok(()) => ExitCode::SUCCESS,
         // The reader closed the pipe: it has all it wanted.
         Err(error) if output::is_broken_pipe(&error) => ExitCode::SUCCESS,
@@ -286,253 +300,71 @@ fn describe_error(error: &anyhow::Error) -> String {
     format!("{error:#}")
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    let out = cli.output;
-    // Checks that need no server come first, so a mistyped command fails
-    // without a connection attempt.
-    match cli.command {
+/// Runs one command. Each arm connects (`channel()`) only after the checks
+/// that need no server, so a mistyped command fails without a connection
+/// attempt.
+async fn run(endpoint: &str, out: Format, command: Command) -> anyhow::Result<()> {
+    let channel = || connect(endpoint);
+    match command {
         Command::Apply {
             file,
             selector,
             expected_version,
             note,
         } => {
-            let yaml = read_document(&file)?;
-            let channel = connect(&cli.endpoint).await?;
-            apply(channel, out, yaml, selector, expected_version, note).await
-        }
-        Command::Dlq {
-            action: Dlq::Purge { yes: false, .. },
-        } => anyhow::bail!("purge deletes entries for good: add --yes to confirm"),
-        command => {
-            let channel = connect(&cli.endpoint).await?;
-            dispatch(channel, out, command).await
-        }
-    }
-}
-
-async fn dispatch(channel: Channel, out: Format, command: Command) -> anyhow::Result<()> {
-    match command {
-        // Handled by `run` before connecting.
-        Command::Apply { .. } => Ok(()),
-        Command::Get { what } => get(channel, out, what).await,
-        Command::Describe { what } => describe(channel, out, what).await,
-        Command::History { config } => {
-            let client = ConfigServiceClient::new(channel);
-            let versions = all_pages(|page_token| {
-                let (mut client, bridge_id) = (client.clone(), config.clone());
-                async move {
-                    let page = client
-                        .list_config_versions(pb::ListConfigVersionsRequest {
-                            bridge_id,
-                            page_size: 0,
-                            page_token,
-                        })
-                        .await?
-                        .into_inner();
-                    Ok((page.versions, page.next_page_token))
-                }
-            })
-            .await?;
-            let versions: Vec<VersionView> = versions.into_iter().map(Into::into).collect();
-            output::list(out, &versions)
-        }
-        Command::Rollback { config, to } => {
-            let response = ConfigServiceClient::new(channel)
-                .rollback_config(pb::RollbackConfigRequest {
-                    bridge_id: config,
-                    to_version: to,
-                    expected_version: None,
-                })
-                .await?
-                .into_inner();
-            let config = response
-                .config
-                .context("the server returned no configuration")?;
-            let view = ConfigView::new(config, false);
-            if out == Format::Table {
-                outln!(
-                    "bridge {} rolled back to version {to}: now version {}",
-                    view.bridge_id,
-                    view.version
-                )?;
-                return Ok(());
-            }
-            output::object(out, &view, ConfigView::pairs)
-        }
-        Command::Delete { config } => {
-            ConfigServiceClient::new(channel)
-                .delete_config(pb::DeleteConfigRequest {
-                    bridge_id: config.clone(),
-                    expected_version: None,
-                })
-                .await?;
-            outln!("bridge {config} deleted")?;
-            Ok(())
-        }
-        Command::Dlq { action } => dlq(channel, out, action).await,
-        Command::Metrics { bridge, by_agent } => metrics(channel, out, bridge, by_agent).await,
-    }
-}
-
-/// Every agent with its latest snapshot, then (tables) the fleet's totals.
-async fn agents(channel: Channel, out: Format) -> anyhow::Result<()> {
-    let client = AgentServiceClient::new(channel.clone());
-    let agents = all_pages(|page_token| {
-        let mut client = client.clone();
-        async move {
-            let page = client
-                .list_agents(pb::ListAgentsRequest {
-                    page_size: 0,
-                    page_token,
-                })
-                .await?
-                .into_inner();
-            Ok((page.agents, page.next_page_token))
-        }
-    })
-    .await?;
-    let mut metrics = MetricsServiceClient::new(channel);
-    let mut snapshots: HashMap<String, pb::MetricsSnapshot> = metrics
-        .list_metrics(pb::ListMetricsRequest::default())
-        .await?
-        .into_inner()
-        .snapshots
-        .into_iter()
-        .map(|s| (s.agent_id.clone(), s))
-        .collect();
-    let rows: Vec<AgentView> = agents
-        .into_iter()
-        .map(|a| {
-            let snapshot = snapshots.remove(&a.agent_id);
-            AgentView::with_metrics(a, snapshot)
-        })
-        .collect();
-    output::list(out, &rows)?;
-    if out == Format::Table {
-        let totals = metrics
-            .get_totals(pb::GetTotalsRequest::default())
-            .await?
-            .into_inner();
-        let f = totals.fleet.unwrap_or_default();
-        let depth: u64 = totals.bindings.iter().map(|b| b.outbox_depth).sum();
-        outln!(
-            "fleet: {} agents ({} connected), received {}, sent {}, dlq {}, in flight {}, depth {}",
-            totals.agents,
-            totals.agents_connected,
-            f.received,
-            f.sent,
-            f.dead_lettered,
-            f.in_flight,
-            depth
-        )?;
-    }
-    Ok(())
-}
-
-/// Runs `show` every `seconds` until Ctrl-C; clears the screen first when
-/// stdout is a terminal and the output a table (a pipe gets each refresh
-/// after the previous one).
-async fn watch<F, Fut>(seconds: u64, out: Format, mut show: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<()>>,
-{
-    use std::io::IsTerminal;
-    let clear = out == Format::Table && std::io::stdout().is_terminal();
-    let mut ticker = tokio::time::interval(std::time::Duration::from_secs(seconds));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            interrupted = tokio::signal::ctrl_c() => return Ok(interrupted?),
-            _ = ticker.tick() => {}
-        }
-        if clear {
-            out!("\x1b[2J\x1b[H")?;
-        }
-        show().await?;
-        if !clear {
-            outln!("")?;
-        }
-    }
-}
-
-/// `ferryctl metrics`: fleet totals per binding, or one row per agent and
-/// binding.
-async fn metrics(
-    channel: Channel,
-    out: Format,
-    bridge: Option<String>,
-    by_agent: bool,
-) -> anyhow::Result<()> {
-    let mut client = MetricsServiceClient::new(channel);
-    let bridge_id = bridge.unwrap_or_default();
-    if by_agent {
-        let snapshots = client
-            .list_metrics(pb::ListMetricsRequest { bridge_id })
-            .await?
-            .into_inner()
-            .snapshots;
-        let rows: Vec<AgentBindingView> = snapshots
-            .into_iter()
-            .flat_map(|s| {
-                let agent = s.agent_id.clone();
-                crate::views::AgentMetricsView::from(s)
-                    .bindings
-                    .into_iter()
-                    .map(move |figures| AgentBindingView {
-                        agent_id: agent.clone(),
-                        figures,
-                    })
-            })
-            .collect();
-        return output::list(out, &rows);
-    }
-    let totals = client
-        .get_totals(pb::GetTotalsRequest { bridge_id })
-        .await?
-        .into_inner();
-    let rows: Vec<TotalsView> = totals
-        .bindings
-        .into_iter()
-        .map(|b| {
-            TotalsView::new(
-                b.bridge_id,
-                b.route_id,
-                b.binding_id,
-                b.counters.unwrap_or_default(),
-                b.outbox_depth,
+            let yaml = configs::read_document(&file)?;
+            configs::apply(
+                channel().await?,
+                out,
+                yaml,
+                selector,
+                expected_version,
+                note,
             )
-        })
-        .collect();
-    output::list(out, &rows)?;
-    if out == Format::Table {
-        outln!(
-            "agents: {} ({} connected)",
-            totals.agents,
-            totals.agents_connected
-        )?;
-    }
-    Ok(())
-}
-
-/// Follows `next_page_token` from the first page to the last and returns
-/// every item; `fetch` gets a page token and returns one page and the next
-/// token (empty after the last page).
-async fn all_pages<T, F, Fut>(mut fetch: F) -> anyhow::Result<Vec<T>>
-where
-    F: FnMut(String) -> Fut,
-    Fut: std::future::Future<Output = Result<(Vec<T>, String), tonic::Status>>,
-{
-    let mut items = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let (page, next) = fetch(page_token).await?;
-        items.extend(page);
-        if next.is_empty() {
-            return Ok(items);
+            .await
         }
-        page_token = next;
+        Command::Get { what } => match what {
+            Get::Configs => configs::list(channel().await?, out).await,
+            Get::Routes { config } => configs::routes(channel().await?, out, config).await,
+            Get::Agents {
+                watch: false,
+                interval: _,
+            } => agents::list(channel().await?, out).await,
+            Get::Agents {
+                watch: true,
+                interval,
+            } => agents::watch(channel().await?, out, interval).await,
+            Get::Leases { prefix } => leases::list(channel().await?, out, prefix).await,
+            Get::Dlq { filter, limit } => {
+                dlq::list(channel().await?, out, &filter.into(), limit).await
+            }
+        },
+        Command::Describe { what } => match what {
+            Describe::Config { id, version } => {
+                configs::describe(channel().await?, out, id, version).await
+            }
+            Describe::Agent { id } => agents::describe(channel().await?, out, id).await,
+        },
+        Command::History { config } => configs::history(channel().await?, out, config).await,
+        Command::Rollback { config, to } => {
+            configs::rollback(channel().await?, out, config, to).await
+        }
+        Command::Delete { config } => configs::delete(channel().await?, config).await,
+        Command::Dlq { action } => match action {
+            Dlq::Show { id } => dlq::show(channel().await?, out, id).await,
+            Dlq::Redrive { ids, filter, limit } => {
+                dlq::redrive(channel().await?, out, ids, &filter.into(), limit).await
+            }
+            Dlq::Delete { id } => dlq::delete(channel().await?, id).await,
+            Dlq::Purge { yes: false, .. } => {
+                anyhow::bail!("purge deletes entries for good: add --yes to confirm")
+            }
+            Dlq::Purge { filter, yes: true } => dlq::purge(channel().await?, &filter.into()).await,
+            Dlq::Stats { filter } => dlq::stats(channel().await?, out, &filter.into()).await,
+        },
+        Command::Metrics { bridge, by_agent } => {
+            metrics::show(channel().await?, out, bridge, by_agent).await
+        }
     }
 }
 
@@ -546,285 +378,67 @@ async fn connect(endpoint: &str) -> anyhow::Result<Channel> {
         .with_context(|| format!("cannot reach the control plane at {}", endpoint.uri()))
 }
 
-/// The configuration document from a file, or standard input for `-`.
-fn read_document(file: &PathBuf) -> anyhow::Result<Vec<u8>> {
-    if file.as_os_str() == "-" {
-        let mut text = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut text)
-            .context("reading the configuration from standard input")?;
-        return Ok(text);
-    }
-    std::fs::read(file).with_context(|| format!("reading {}", file.display()))
-}
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
 
-async fn apply(
-    channel: Channel,
-    out: Format,
-    yaml: Vec<u8>,
-    selector: Vec<(String, String)>,
-    expected_version: Option<u64>,
-    note: String,
-) -> anyhow::Result<()> {
-    let response = ConfigServiceClient::new(channel)
-        .apply_config(pb::ApplyConfigRequest {
-            document: Some(pb::apply_config_request::Document::Yaml(yaml)),
-            selector: Some(pb::LabelSelector {
-                match_labels: selector.into_iter().collect(),
-            }),
-            expected_version,
-            change_note: note,
-        })
-        .await?
-        .into_inner();
-    let config = response
-        .config
-        .context("the server returned no configuration")?;
-    let view = ConfigView::new(config, false);
-    if out == Format::Table {
-        if response.changed {
-            outln!(
-                "bridge {} configured: version {}",
-                view.bridge_id,
-                view.version
-            )?;
-        } else {
-            outln!(
-                "bridge {} unchanged: version {}",
-                view.bridge_id,
-                view.version
-            )?;
-        }
-        return Ok(());
-    }
-    output::object(out, &view, ConfigView::pairs)
-}
+    use super::*;
 
-async fn get(channel: Channel, out: Format, what: Get) -> anyhow::Result<()> {
-    match what {
-        Get::Configs => {
-            let client = ConfigServiceClient::new(channel);
-            let configs = all_pages(|page_token| {
-                let mut client = client.clone();
-                async move {
-                    let page = client
-                        .list_configs(pb::ListConfigsRequest {
-                            page_size: 0,
-                            page_token,
-                        })
-                        .await?
-                        .into_inner();
-                    Ok((page.configs, page.next_page_token))
-                }
+    /// The example lines of `--help`, without `ferryctl` and the comment.
+    fn examples() -> Vec<Vec<&'static str>> {
+        EXAMPLES
+            .lines()
+            .skip(1)
+            .map(|line| {
+                let command = line.split('#').next().unwrap_or_default();
+                command.split_whitespace().skip(1).collect()
             })
-            .await?;
-            let rows: Vec<ConfigView> = configs
-                .into_iter()
-                .map(|c| ConfigView::new(c, false))
-                .collect();
-            output::list(out, &rows)
-        }
-        Get::Routes { config } => {
-            let stored = ConfigServiceClient::new(channel)
-                .get_config(pb::GetConfigRequest {
-                    bridge_id: config,
-                    version: 0,
-                })
-                .await?
-                .into_inner()
-                .config
-                .context("the server returned no configuration")?;
-            output::list(out, &RouteView::from_document(&stored.yaml)?)
-        }
-        Get::Agents {
-            watch: false,
-            interval: _,
-        } => agents(channel, out).await,
-        Get::Agents {
-            watch: true,
-            interval,
-        } => watch(interval, out, || agents(channel.clone(), out)).await,
-        Get::Leases { prefix } => {
-            let client = LeaseServiceClient::new(channel);
-            let leases = all_pages(|page_token| {
-                let (mut client, key_prefix) = (client.clone(), prefix.clone());
-                async move {
-                    let page = client
-                        .list_leases(pb::ListLeasesRequest {
-                            key_prefix,
-                            page_size: 0,
-                            page_token,
-                        })
-                        .await?
-                        .into_inner();
-                    Ok((page.leases, page.next_page_token))
-                }
-            })
-            .await?;
-            let rows: Vec<LeaseView> = leases.into_iter().map(Into::into).collect();
-            output::list(out, &rows)
-        }
-        Get::Dlq { filter, limit } => {
-            let page = DlqServiceClient::new(channel)
-                .list_dlq_entries(pb::ListDlqEntriesRequest {
-                    filter: Some(filter.to_proto()),
-                    page_size: limit,
-                    page_token: String::new(),
-                    omit_payload: true,
-                })
-                .await?
-                .into_inner();
-            let rows: Vec<DlqEntryView> = page.entries.into_iter().map(Into::into).collect();
-            output::list(out, &rows)?;
-            if out == Format::Table && !page.next_page_token.is_empty() {
-                outln!("(more entries: raise --limit or narrow the filter)")?;
-            }
-            Ok(())
-        }
+            .collect()
     }
-}
 
-async fn describe(channel: Channel, out: Format, what: Describe) -> anyhow::Result<()> {
-    match what {
-        Describe::Config { id, version } => {
-            let config = ConfigServiceClient::new(channel)
-                .get_config(pb::GetConfigRequest {
-                    bridge_id: id,
-                    version: version.unwrap_or(0),
-                })
-                .await?
-                .into_inner()
-                .config
-                .context("the server returned no configuration")?;
-            output::object(out, &ConfigView::new(config, true), ConfigView::pairs)
-        }
-        Describe::Agent { id } => {
-            let agent = AgentServiceClient::new(channel.clone())
-                .get_agent(pb::GetAgentRequest { agent_id: id })
-                .await?
-                .into_inner()
-                .agent
-                .context("the server returned no agent")?;
-            let snapshot = match MetricsServiceClient::new(channel)
-                .get_agent_metrics(pb::GetAgentMetricsRequest {
-                    agent_id: agent.agent_id.clone(),
-                })
-                .await
-            {
-                Ok(response) => response.into_inner().snapshot,
-                Err(status) if status.code() == tonic::Code::NotFound => None,
-                Err(status) => return Err(status.into()),
-            };
-            let view = AgentView::with_metrics(agent, snapshot);
-            output::object(out, &view, AgentView::pairs)
-        }
-    }
-}
-
-async fn dlq(channel: Channel, out: Format, action: Dlq) -> anyhow::Result<()> {
-    let mut client = DlqServiceClient::new(channel);
-    match action {
-        Dlq::Show { id } => {
-            let entry = client
-                .get_dlq_entry(pb::GetDlqEntryRequest { id })
-                .await?
-                .into_inner()
-                .entry
-                .context("the server returned no entry")?;
-            output::object(out, &DlqEntryView::from(entry), DlqEntryView::pairs)
-        }
-        Dlq::Redrive { ids, filter, limit } => {
-            let response = client
-                .redrive_dlq_entries(pb::RedriveDlqEntriesRequest {
-                    ids,
-                    filter: Some(filter.to_proto()),
-                    limit,
-                })
-                .await?
-                .into_inner();
-            let failed = response.outcomes.iter().filter(|o| !o.ok).count();
-            let rows: Vec<RedriveView> = response
-                .outcomes
-                .into_iter()
-                .map(|o| RedriveView {
-                    id: o.id,
-                    ok: o.ok,
-                    error: o.error,
-                })
-                .collect();
-            output::list(out, &rows)?;
-            if response.truncated && out == Format::Table {
-                outln!("(more entries matched: run again or raise --limit)")?;
-            }
-            if failed > 0 {
-                anyhow::bail!("{failed} of {} entries were not redriven", rows.len());
-            }
-            Ok(())
-        }
-        Dlq::Delete { id } => {
-            client
-                .delete_dlq_entry(pb::DeleteDlqEntryRequest { id: id.clone() })
-                .await?;
-            outln!("entry {id} deleted")?;
-            Ok(())
-        }
-        // `--yes` was checked before connecting.
-        Dlq::Purge { filter, .. } => {
-            let purged = client
-                .purge_dlq_entries(pb::PurgeDlqEntriesRequest {
-                    filter: Some(filter.to_proto()),
-                    confirm: true,
-                })
-                .await?
-                .into_inner()
-                .purged;
-            outln!("{purged} entries purged")?;
-            Ok(())
-        }
-        Dlq::Stats { filter } => {
-            let stats = client
-                .get_dlq_stats(pb::GetDlqStatsRequest {
-                    filter: Some(filter.to_proto()),
-                })
-                .await?
-                .into_inner();
-            let text = output::table(
-                &["BRIDGE", "ROUTE", "BINDING", "REASON", "COUNT", "OLDEST"],
-                stats.stats.iter().map(|s| {
-                    vec![
-                        s.bridge_id.clone(),
-                        s.route_id.clone(),
-                        s.binding_id.clone(),
-                        views::reason_name(s.reason).to_owned(),
-                        s.count.to_string(),
-                        output::timestamp(s.oldest.as_ref()),
-                    ]
-                }),
+    #[test]
+    fn help_ends_with_examples_that_parse() {
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("\nExamples:\n  ferryctl apply -f "), "{help}");
+        let examples = examples();
+        assert!(examples.len() >= 5, "{examples:?}");
+        for args in examples {
+            let parsed = Cli::try_parse_from(std::iter::once("ferryctl").chain(args.clone()));
+            assert!(
+                parsed.is_ok(),
+                "{args:?}: {}",
+                parsed.err().map(|e| e.to_string()).unwrap_or_default()
             );
-            match out {
-                Format::Table => {
-                    out!("{text}")?;
-                    outln!("total: {}", stats.total)?;
-                    Ok(())
-                }
-                _ => {
-                    let rows: Vec<serde_json::Value> = stats
-                        .stats
-                        .iter()
-                        .map(|s| {
-                            serde_json::json!({
-                                "bridge_id": s.bridge_id,
-                                "route_id": s.route_id,
-                                "binding_id": s.binding_id,
-                                "reason": views::reason_name(s.reason),
-                                "count": s.count,
-                                "oldest": output::timestamp(s.oldest.as_ref()),
-                            })
-                        })
-                        .collect();
-                    let value = serde_json::json!({ "stats": rows, "total": stats.total });
-                    output::object(out, &value, |_| Vec::new())
-                }
+        }
+    }
+
+    #[test]
+    fn example_files_exist() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for args in examples() {
+            for pair in args.windows(2).filter(|pair| pair[0] == "-f") {
+                assert!(root.join(pair[1]).is_file(), "{} in the examples", pair[1]);
             }
+        }
+    }
+
+    #[test]
+    fn reason_flag_takes_the_shared_names_only() {
+        let parsed =
+            Cli::try_parse_from(["ferryctl", "get", "dlq", "--reason", "replay_exhausted"])
+                .expect("parsed");
+        let Command::Get {
+            what: Get::Dlq { filter, .. },
+        } = parsed.command
+        else {
+            panic!("not get dlq: {parsed:?}");
+        };
+        assert_eq!(filter.reason, Some(DlqReason::ReplayExhausted));
+        let error = Cli::try_parse_from(["ferryctl", "get", "dlq", "--reason", "bogus"])
+            .expect_err("refused");
+        let text = error.to_string();
+        for reason in DlqReason::ALL {
+            assert!(text.contains(reason.as_str()), "{text}");
         }
     }
 }
