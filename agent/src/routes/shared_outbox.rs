@@ -51,7 +51,12 @@ use crate::metrics::RouteMetrics;
 use crate::stores::{DlqReason, DlqStore, NewMessage, NewRecord, OutboxStore};
 use crate::transports::{Delivery, Outcome, Receiver};
 
-/// How often a stopped writer re-reads the partition depth from the store.
+/// How often a stopped writer re-reads the partition depth from the store,
+/// the first time this long after it stopped. A stop at the limit usually
+/// ends within a few tens of milliseconds, as completions lower the
+/// in-memory count, while a `stats` call scans the whole partition: reading
+/// it at once at every stop cost about 11 % of the agent's instructions in a
+/// flat-out fan-out that stops often (see `docs/benchmarks.md`, issue 15).
 const DEPTH_RESYNC: Duration = Duration::from_millis(200);
 
 /// The low watermark: intake stopped at `max_outbox_depth` resumes once the
@@ -250,6 +255,7 @@ impl OutboxWriter {
             if full != stopped {
                 stopped = full;
                 if full {
+                    resync.reset();
                     tracing::warn!(route = %w.identity.route_id, depth = level, max_outbox_depth = max_depth, "outbox full; intake stopped");
                 } else {
                     tracing::info!(route = %w.identity.route_id, depth = level, resume_below, "intake resumed");

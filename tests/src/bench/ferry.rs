@@ -18,6 +18,8 @@ use crate::ChildProcess;
 
 /// How long the agent may take to exit after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// The same under Callgrind, which runs it about fifty times slower.
+const STOP_TIMEOUT_UNDER_CALLGRIND: Duration = Duration::from_secs(120);
 
 /// The route under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,15 +164,26 @@ pub fn validate(binary: &Path, config: &Path) -> anyhow::Result<()> {
 pub struct Agent {
     process: ChildProcess,
     admin_port: u16,
+    stop_timeout: Duration,
 }
 
 impl Agent {
     /// Starts `binary run --config {config} --admin-listen 127.0.0.1:{free port} --agent-id
-    /// ferry-bench`, with its output in `dir`.
-    pub fn start(binary: &Path, config: &Path, dir: &Path) -> anyhow::Result<Self> {
+    /// ferry-bench`, with its output in `dir`; under Callgrind (its dumps in `dir` too) when
+    /// `callgrind` is set.
+    pub fn start(
+        binary: &Path,
+        config: &Path,
+        dir: &Path,
+        callgrind: bool,
+    ) -> anyhow::Result<Self> {
         let admin_port = crate::free_port()?;
         let admin = SocketAddr::from((Ipv4Addr::LOCALHOST, admin_port));
-        let mut command = Command::new(binary);
+        let mut command = if callgrind {
+            super::callgrind::command(binary, dir)
+        } else {
+            Command::new(binary)
+        };
         command
             .arg("run")
             .arg("--config")
@@ -183,10 +196,15 @@ impl Agent {
         Ok(Self {
             process,
             admin_port,
+            stop_timeout: if callgrind {
+                STOP_TIMEOUT_UNDER_CALLGRIND
+            } else {
+                STOP_TIMEOUT
+            },
         })
     }
 
-    /// The process id (for RSS sampling).
+    /// The process id (for RSS and CPU sampling; Callgrind's, which is the agent's).
     pub fn pid(&self) -> u32 {
         self.process.pid()
     }
@@ -201,7 +219,7 @@ impl Agent {
 
     /// SIGTERM, then waits for the exit; fails (with its output) unless it exits 0 in time.
     pub async fn stop(mut self) -> anyhow::Result<()> {
-        let status = self.process.terminate(STOP_TIMEOUT).await?;
+        let status = self.process.terminate(self.stop_timeout).await?;
         if !status.success() {
             bail!(
                 "ferry-agent exited with {status} after SIGTERM\n{}",

@@ -12,11 +12,15 @@
 //! - [`collector`]: a subscriber per destination, counting and timing arrivals.
 //! - [`latency`]: percentiles of the latency samples.
 //! - [`rss`]: the agent's resident memory from `/proc`.
+//! - [`cpu`]: the agent's CPU time per message from `/proc`.
+//! - [`callgrind`]: the agent's instructions per message under Callgrind (`--callgrind`).
 //! - [`scenario`]: one run from start to stop, with deadlines.
 //! - [`report`]: the table and the floors.
 
 pub mod brokers;
+pub mod callgrind;
 pub mod collector;
+pub mod cpu;
 pub mod ferry;
 pub mod latency;
 pub mod payload;

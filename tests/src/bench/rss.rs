@@ -21,8 +21,6 @@ pub struct Rss {
     pub sampled_peak_kib: u64,
     /// `VmHWM` at the end of the run (peak resident set over the process's life).
     pub hwm_kib: Option<u64>,
-    /// CPU time the process used over its life, from `/proc/PID/stat`.
-    pub cpu: Option<CpuTime>,
 }
 
 impl Rss {
@@ -69,12 +67,10 @@ impl RssSampler {
             self.peak_kib.fetch_max(kib, Ordering::Relaxed);
         }
         let hwm_kib = status_kib(self.pid, "VmHWM");
-        let cpu = cpu_time(self.pid);
         self.task.abort();
         Rss {
             sampled_peak_kib: self.peak_kib.load(Ordering::Relaxed),
             hwm_kib,
-            cpu,
         }
     }
 }
@@ -89,39 +85,6 @@ impl Drop for RssSampler {
 pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     parse_status_kib(&status, field)
-}
-
-/// Clock ticks per second of `/proc/PID/stat` times (`getconf CLK_TCK`; 100 on Linux).
-const CLOCK_TICKS_PER_SECOND: u64 = 100;
-
-/// CPU time of a process, split as the kernel accounts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CpuTime {
-    /// In user space.
-    pub user: Duration,
-    /// In the kernel on the process's behalf (system calls: socket I/O, `fsync`).
-    pub system: Duration,
-}
-
-/// The CPU time `pid` has used so far.
-pub fn cpu_time(pid: u32) -> Option<CpuTime> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (user, system) = parse_stat_ticks(&stat)?;
-    let time = |ticks: u64| Duration::from_millis(ticks * 1000 / CLOCK_TICKS_PER_SECOND);
-    Some(CpuTime {
-        user: time(user),
-        system: time(system),
-    })
-}
-
-/// `utime` and `stime` (fields 14 and 15) of a `/proc/PID/stat` line; the command name
-/// (field 2) is in parentheses and may contain spaces, so fields are counted after its `)`.
-fn parse_stat_ticks(stat: &str) -> Option<(u64, u64)> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    let mut fields = rest.split_whitespace().skip(11);
-    let utime = fields.next()?.parse().ok()?;
-    let stime = fields.next()?.parse().ok()?;
-    Some((utime, stime))
 }
 
 fn parse_status_kib(status: &str, field: &str) -> Option<u64> {
@@ -141,12 +104,6 @@ mod tests {
         assert_eq!(parse_status_kib(status, "VmRSS"), Some(12345));
         assert_eq!(parse_status_kib(status, "VmHWM"), Some(23456));
         assert_eq!(parse_status_kib(status, "VmSwap"), None);
-    }
-
-    #[test]
-    fn stat_times_parse_after_the_command_name() {
-        let stat = "42 (ferry agent) S 1 42 42 0 -1 4194560 100 0 0 0 250 30 0 0 20 0 4";
-        assert_eq!(parse_stat_ticks(stat), Some((250, 30)));
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! warm-up probes until every destination has received one — so every connection and
 //! subscription on the path is up — then arms the collectors and publishes the measured
 //! messages. It waits until every destination holds every number, with a deadline and a stall
-//! limit, samples the agent's memory meanwhile, and stops everything (also on error: every
-//! process is owned by a value whose `Drop` kills it).
+//! limit, samples the agent's memory meanwhile, reads its CPU time at both ends of that window
+//! (see [`cpu`](super::cpu)), and stops everything (also on error: every process is owned by a
+//! value whose `Drop` kills it). Under Callgrind the agent's instructions are counted instead
+//! (see [`callgrind`](super::callgrind)).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,7 +16,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::time::{Instant, sleep};
 
+use super::callgrind::{Counter, IDLE_BASELINE, Instructions};
 use super::collector::{Collector, Tally};
+use super::cpu::{self, CpuWindow};
 use super::ferry::{self, Agent, FerryRoute, FerryTuning};
 use super::latency::LatencySummary;
 use super::payload::{Clock, PROBE};
@@ -24,10 +28,14 @@ use super::{DESTINATIONS, MEASURED_TOPIC, PROBE_TOPIC, brokers};
 
 /// How long the warm-up may take (bridge connections retry after a second; the agent starts).
 const WARM_UP_TIMEOUT: Duration = Duration::from_secs(30);
+/// The same for an agent under Callgrind, which starts about fifty times slower.
+const WARM_UP_TIMEOUT_UNDER_CALLGRIND: Duration = Duration::from_secs(180);
 /// Time between two warm-up probes.
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// A run fails when no destination receives anything new for this long.
 const STALL_LIMIT: Duration = Duration::from_secs(20);
+/// The same under Callgrind.
+const STALL_LIMIT_UNDER_CALLGRIND: Duration = Duration::from_secs(120);
 /// How often delivery progress is checked.
 const PROGRESS_INTERVAL: Duration = Duration::from_millis(20);
 
@@ -95,6 +103,19 @@ pub struct Settings {
     pub keep: bool,
     /// Extra `mosquitto.conf` lines for every broker.
     pub broker_config: Vec<String>,
+    /// Run the agent under Callgrind and count its instructions (its run directory is kept).
+    pub callgrind: bool,
+}
+
+impl Settings {
+    /// How long the warm-up and a stall may last.
+    fn patience(&self) -> (Duration, Duration) {
+        if self.callgrind {
+            (WARM_UP_TIMEOUT_UNDER_CALLGRIND, STALL_LIMIT_UNDER_CALLGRIND)
+        } else {
+            (WARM_UP_TIMEOUT, STALL_LIMIT)
+        }
+    }
 }
 
 /// What one destination received in a run.
@@ -113,8 +134,12 @@ pub struct RunResult {
     pub spec: RunSpec,
     pub published: Option<Published>,
     pub destinations: Vec<DestinationResult>,
-    /// The agent's memory (Ferry runs).
+    /// The agent's memory (Ferry runs, not under Callgrind).
     pub rss: Option<Rss>,
+    /// The agent's CPU time over the measured window (Ferry runs, not under Callgrind).
+    pub cpu: Option<CpuWindow>,
+    /// The agent's instructions (Ferry runs under Callgrind).
+    pub instructions: Option<Instructions>,
     /// Why the run is incomplete, if it is.
     pub error: Option<String>,
 }
@@ -149,6 +174,8 @@ pub async fn run(spec: RunSpec, settings: &Settings, clock: Clock) -> RunResult 
         published: None,
         destinations: Vec::new(),
         rss: None,
+        cpu: None,
+        instructions: None,
         error: None,
     };
     let mut collectors = Vec::new();
@@ -205,7 +232,8 @@ async fn measure(
     let run_dir = tempdir(settings.data_dir.as_deref())?;
     let run_dir = KeptDir {
         dir: Some(run_dir),
-        keep: settings.keep && matches!(spec.contender, Contender::Ferry(_)),
+        keep: (settings.keep || settings.callgrind)
+            && matches!(spec.contender, Contender::Ferry(_)),
     };
     let mut agent = match spec.contender {
         Contender::Bridge { .. } => None,
@@ -225,18 +253,41 @@ async fn measure(
             );
             std::fs::write(&config_path, yaml).context("writing the agent's configuration")?;
             ferry::validate(binary, &config_path)?;
-            Some(Agent::start(binary, &config_path, run_dir.path())?)
+            Some(Agent::start(
+                binary,
+                &config_path,
+                run_dir.path(),
+                settings.callgrind,
+            )?)
         }
     };
-    let sampler = agent.as_ref().map(|agent| RssSampler::start(agent.pid()));
+    let pid = agent.as_ref().map(Agent::pid);
+    let (sampled, mut counter) = match pid {
+        Some(pid) if settings.callgrind => (None, Some(Counter::new(pid, run_dir.path()))),
+        Some(pid) => (Some((pid, RssSampler::start(pid))), None),
+        None => (None, None),
+    };
+    let (warm_up_timeout, stall_limit) = settings.patience();
 
     let mut publisher =
         Publisher::connect(&source.url(), &crate::ids::unique("ferry-bench-pub"), clock).await?;
-    warm_up(&publisher, collectors, agent.as_mut()).await?;
+    warm_up(&publisher, collectors, agent.as_mut(), warm_up_timeout).await?;
 
+    let idle = match &mut counter {
+        Some(counter) => {
+            counter.zero().await?;
+            sleep(IDLE_BASELINE).await;
+            Some(counter.dump().await?.0)
+        }
+        None => None,
+    };
     for collector in collectors.iter() {
         collector.arm(spec.messages);
     }
+    if let Some(counter) = &mut counter {
+        counter.zero().await?;
+    }
+    let cpu_before = sampled.as_ref().and_then(|(pid, _)| cpu::cpu_time(*pid));
     let ack_timeout = settings.deliver_timeout + publish_duration(spec);
     let published = publisher
         .run(MEASURED_TOPIC, spec.messages, spec.pace, ack_timeout)
@@ -246,11 +297,32 @@ async fn measure(
         collectors,
         spec.messages,
         settings.deliver_timeout,
+        stall_limit,
         agent.as_mut(),
     )
     .await;
-    result.rss = sampler.map(RssSampler::finish);
+    if let Some((pid, sampler)) = sampled {
+        let cpu_after = cpu::cpu_time(pid);
+        result.cpu = cpu_before.zip(cpu_after).map(|(before, after)| CpuWindow {
+            used: after.since(before),
+            messages: spec.messages,
+        });
+        result.rss = Some(sampler.finish());
+    }
     delivered?;
+    if let (Some(counter), Some(idle)) = (&mut counter, idle) {
+        let (window, part) = counter.dump().await?;
+        result.instructions = Some(Instructions {
+            idle,
+            window,
+            messages: spec.messages,
+            part,
+        });
+        eprintln!(
+            "  profile of the window: callgrind_annotate {}",
+            counter.part_path(part).display()
+        );
+    }
 
     publisher.disconnect().await;
     if let Some(agent) = agent.take() {
@@ -267,8 +339,9 @@ async fn warm_up(
     publisher: &Publisher,
     collectors: &[Collector],
     mut agent: Option<&mut Agent>,
+    timeout: Duration,
 ) -> anyhow::Result<()> {
-    let deadline = Instant::now() + WARM_UP_TIMEOUT;
+    let deadline = Instant::now() + timeout;
     while collectors.iter().any(|c| c.probes() == 0) {
         if Instant::now() >= deadline {
             let waiting: Vec<&str> = collectors
@@ -277,7 +350,7 @@ async fn warm_up(
                 .map(Collector::name)
                 .collect();
             let tail = agent.map(|a| a.output_tail()).unwrap_or_default();
-            bail!("warm-up: no probe reached {waiting:?} within {WARM_UP_TIMEOUT:?}\n{tail}");
+            bail!("warm-up: no probe reached {waiting:?} within {timeout:?}\n{tail}");
         }
         if let Some(agent) = agent.as_deref_mut() {
             agent.check_running()?;
@@ -294,6 +367,7 @@ async fn wait_delivered(
     collectors: &[Collector],
     messages: u64,
     timeout: Duration,
+    stall_limit: Duration,
     mut agent: Option<&mut Agent>,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
@@ -311,8 +385,8 @@ async fn wait_delivered(
         if now >= deadline {
             bail!("{delivered} of {expected} deliveries within {timeout:?} of the last publish");
         }
-        if now - last_progress.1 >= STALL_LIMIT {
-            bail!("delivery stalled at {delivered} of {expected} for {STALL_LIMIT:?}");
+        if now - last_progress.1 >= stall_limit {
+            bail!("delivery stalled at {delivered} of {expected} for {stall_limit:?}");
         }
         if let Some(collector) = collectors.iter().find(|c| !c.is_running()) {
             bail!("the subscriber on {} lost its connection", collector.name());

@@ -7,14 +7,17 @@
 //!
 //! Runs, in order (each with fresh brokers): `fan-out` — bridge x3 and Ferry `shared_outbox` x3,
 //! N messages flat out; `direct` — bridge x1 and Ferry `direct_hold`, flat out; `latency` —
-//! bridge x3 and `shared_outbox` x3 at R messages per second. Prints a table of the runs and
-//! the floors of issue 3. See `docs/benchmarks.md`.
+//! bridge x3 and `shared_outbox` x3 at R messages per second. Prints a table of the runs (with
+//! the agent's CPU µs per message) and the floors of issue 3. `--callgrind` instead runs only
+//! the agent, under Callgrind, and prints its instructions per message. See
+//! `docs/benchmarks.md`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use ferry_tests::bench::callgrind;
 use ferry_tests::bench::ferry::{self, FerryRoute, FerryTuning};
 use ferry_tests::bench::payload::Clock;
 use ferry_tests::bench::publisher::Pace;
@@ -65,6 +68,13 @@ struct Cli {
     /// Longest wait for every message to arrive after the last publish, in seconds.
     #[arg(long, default_value_t = 120)]
     deliver_timeout: u64,
+    /// Run only the agent, under `valgrind --tool=callgrind`, and report its instructions per
+    /// message (fan-out and direct; no bridge, no floors).
+    #[arg(long)]
+    callgrind: bool,
+    /// Messages per run with --callgrind (Callgrind is about fifty times slower).
+    #[arg(long, default_value_t = 2_000)]
+    callgrind_messages: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -85,6 +95,9 @@ impl Cli {
     }
 
     fn runs(&self, with_ferry: bool) -> Vec<RunSpec> {
+        if self.callgrind {
+            return self.callgrind_runs();
+        }
         let flat_out = |contender| RunSpec {
             contender,
             messages: self.messages,
@@ -122,11 +135,43 @@ impl Cli {
         }
         runs
     }
+
+    /// The agent's flat-out runs, without the bridge (its instructions are not counted).
+    fn callgrind_runs(&self) -> Vec<RunSpec> {
+        [
+            (Scenario::FanOut, FerryRoute::SharedOutbox),
+            (Scenario::Direct, FerryRoute::DirectHold),
+        ]
+        .into_iter()
+        .filter(|(scenario, _)| self.wants(*scenario))
+        .map(|(_, route)| RunSpec {
+            contender: Contender::Ferry(route),
+            messages: self.callgrind_messages,
+            pace: Pace::FlatOut,
+        })
+        .collect()
+    }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.callgrind {
+        if cli.baseline_only {
+            eprintln!("--callgrind measures the agent: it cannot be combined with --baseline-only");
+            return ExitCode::FAILURE;
+        }
+        if cli.callgrind_runs().is_empty() {
+            eprintln!(
+                "--callgrind counts the flat-out runs only: add --scenario fan-out or --scenario direct"
+            );
+            return ExitCode::FAILURE;
+        }
+        if let Err(error) = callgrind::check_installed() {
+            eprintln!("{error:#}");
+            return ExitCode::FAILURE;
+        }
+    }
     let agent = if cli.baseline_only {
         None
     } else {
@@ -156,6 +201,7 @@ async fn main() -> ExitCode {
         deliver_timeout: Duration::from_secs(cli.deliver_timeout),
         keep: cli.keep,
         broker_config: cli.broker_config.clone(),
+        callgrind: cli.callgrind,
     };
     let clock = Clock::new();
     let mut results = Vec::new();
@@ -175,6 +221,13 @@ async fn main() -> ExitCode {
 
     println!();
     print!("{}", report::runs_table(&results));
+    if cli.callgrind {
+        return if results.iter().all(|r| r.instructions.is_some()) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     println!();
     let floors = report::floors(&results);
     print!("{}", report::floors_table(&floors));

@@ -78,6 +78,12 @@ pub(crate) enum Client {
 #[derive(Debug)]
 pub(crate) struct QueueFull;
 
+/// A publish the request queue did not take, with its properties handed back
+/// for the next try when rumqttc returned them (so a send builds them once,
+/// not once per try). Boxed: the error path is rare, the `Result` small.
+#[derive(Debug)]
+pub(crate) struct PublishNotQueued(pub Option<Box<PublishProperties>>);
+
 impl Client {
     pub fn try_publish(
         &self,
@@ -86,14 +92,20 @@ impl Client {
         retain: bool,
         payload: Bytes,
         properties: PublishProperties,
-    ) -> Result<(), QueueFull> {
+    ) -> Result<(), PublishNotQueued> {
         match self {
             Client::V5(c) => c
                 .try_publish_with_properties(topic, qos_v5(qos), retain, payload, properties)
-                .map_err(|_| QueueFull),
+                .map_err(|e| match e {
+                    rumqttc::v5::ClientError::Request(rumqttc::v5::Request::Publish(p))
+                    | rumqttc::v5::ClientError::TryRequest(rumqttc::v5::Request::Publish(p)) => {
+                        PublishNotQueued(p.properties.map(Box::new))
+                    }
+                    _ => PublishNotQueued(None),
+                }),
             Client::V311(c) => c
                 .try_publish(topic, qos_v3(qos), retain, payload.to_vec())
-                .map_err(|_| QueueFull),
+                .map_err(|_| PublishNotQueued(Some(Box::new(properties)))),
         }
     }
 

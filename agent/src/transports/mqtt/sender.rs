@@ -29,7 +29,7 @@ use tokio::sync::{Notify, oneshot, watch};
 use tokio::time::{Instant, timeout_at};
 
 use super::properties::{properties_for, publish_size};
-use super::protocol::Client;
+use super::protocol::{Client, PublishNotQueued};
 use super::settings::{MqttSenderSettings, Protocol, topic_problem};
 use crate::transports::{Address, SendError, SendFuture, Sender};
 
@@ -169,18 +169,21 @@ impl MqttSender {
         if let Some(problem) = topic_problem(topic) {
             return Err(SendError::Permanent(format!("{problem}: {topic:?}")));
         }
-        let properties = match self.protocol {
-            Protocol::V5 => properties_for(envelope, SystemTime::now())?,
+        let build_properties = || match self.protocol {
+            Protocol::V5 => properties_for(envelope, SystemTime::now()),
             Protocol::V311 => {
                 if envelope.is_expired(SystemTime::now()) {
                     return Err(SendError::Permanent(
                         "the message expired before it was sent".into(),
                     ));
                 }
-                PublishProperties::default()
+                Ok(PublishProperties::default())
             }
         };
-        let size = publish_size(topic, envelope.payload.len(), &properties);
+        let first = build_properties()?;
+        let size = publish_size(topic, envelope.payload.len(), &first);
+        // Built once; a full request queue hands them back for the next try.
+        let mut properties = Some(first);
         let outcome = loop {
             let progress = self.shared.progress.notified();
             tokio::pin!(progress);
@@ -201,17 +204,23 @@ impl MqttSender {
                         outbound.max_packet
                     )));
                 }
-                let queued = self.client.try_publish(
+                let this_try = match properties.take() {
+                    Some(p) => p,
+                    None => build_properties()?,
+                };
+                match self.client.try_publish(
                     topic,
                     self.settings.qos,
                     self.settings.retain,
                     envelope.payload.clone(),
-                    properties.clone(),
-                );
-                if queued.is_ok() {
-                    let (tx, rx) = oneshot::channel();
-                    outbound.queued.push_back(tx);
-                    break rx;
+                    this_try,
+                ) {
+                    Ok(()) => {
+                        let (tx, rx) = oneshot::channel();
+                        outbound.queued.push_back(tx);
+                        break rx;
+                    }
+                    Err(PublishNotQueued(returned)) => properties = returned.map(|p| *p),
                 }
             }
             // rumqttc's request queue is full: wait for the loop to take some.

@@ -1,0 +1,116 @@
+//! The agent's CPU time per message, from `/proc/PID/stat`.
+//!
+//! **Definition.** The agent's user + system CPU time (`utime` + `stime` of `/proc/PID/stat`,
+//! which sum every thread of the process) read just before the first measured publish and again
+//! as soon as every destination holds every message; the difference divided by the messages
+//! published in the run (= the distinct messages each destination received, since only a
+//! complete run is reported). For a fan-out ×3 that is the cost of one source message and its
+//! three deliveries. Warm-up, start-up and shutdown are outside the window; the agent's periodic
+//! work during the window (statistics, lease renewals) is inside it. The kernel counts in clock
+//! ticks of 10 ms, so a window of a few seconds is exact to about 1 %.
+
+use std::time::Duration;
+
+/// Clock ticks per second of `/proc/PID/stat` times (`USER_HZ`, 100 on every Linux
+/// architecture Ferry runs on).
+const CLOCK_TICKS_PER_SECOND: u64 = 100;
+
+/// CPU time of a process, split as the kernel accounts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CpuTime {
+    /// In user space.
+    pub user: Duration,
+    /// In the kernel on the process's behalf (system calls: socket I/O, `fsync`).
+    pub system: Duration,
+}
+
+impl CpuTime {
+    /// User + system.
+    pub fn total(&self) -> Duration {
+        self.user + self.system
+    }
+
+    /// The time used since `earlier`.
+    pub fn since(&self, earlier: CpuTime) -> CpuTime {
+        CpuTime {
+            user: self.user.saturating_sub(earlier.user),
+            system: self.system.saturating_sub(earlier.system),
+        }
+    }
+}
+
+/// The agent's CPU time over the measured window of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuWindow {
+    /// CPU used between the first publish and the last delivery.
+    pub used: CpuTime,
+    /// Messages published in the window.
+    pub messages: u64,
+}
+
+impl CpuWindow {
+    /// Microseconds of CPU (user + system) per message.
+    pub fn micros_per_message(&self) -> Option<f64> {
+        (self.messages > 0).then(|| self.used.total().as_secs_f64() * 1e6 / self.messages as f64)
+    }
+}
+
+/// The CPU time `pid` has used so far.
+pub fn cpu_time(pid: u32) -> Option<CpuTime> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (user, system) = parse_stat_ticks(&stat)?;
+    let time = |ticks: u64| Duration::from_millis(ticks * 1000 / CLOCK_TICKS_PER_SECOND);
+    Some(CpuTime {
+        user: time(user),
+        system: time(system),
+    })
+}
+
+/// `utime` and `stime` (fields 14 and 15) of a `/proc/PID/stat` line; the command name
+/// (field 2) is in parentheses and may contain spaces, so fields are counted after its `)`.
+fn parse_stat_ticks(stat: &str) -> Option<(u64, u64)> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime = fields.next()?.parse().ok()?;
+    let stime = fields.next()?.parse().ok()?;
+    Some((utime, stime))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_times_parse_after_the_command_name() {
+        let stat = "42 (ferry agent) S 1 42 42 0 -1 4194560 100 0 0 0 250 30 0 0 20 0 4";
+        assert_eq!(parse_stat_ticks(stat), Some((250, 30)));
+    }
+
+    #[test]
+    fn a_window_is_divided_by_its_messages() {
+        let before = CpuTime {
+            user: Duration::from_millis(500),
+            system: Duration::from_millis(100),
+        };
+        let after = CpuTime {
+            user: Duration::from_millis(1500),
+            system: Duration::from_millis(1100),
+        };
+        let window = CpuWindow {
+            used: after.since(before),
+            messages: 20_000,
+        };
+        assert_eq!(window.used.total(), Duration::from_secs(2));
+        assert_eq!(window.micros_per_message(), Some(100.0));
+        let empty = CpuWindow {
+            messages: 0,
+            ..window
+        };
+        assert_eq!(empty.micros_per_message(), None);
+    }
+
+    #[test]
+    fn this_process_has_used_cpu() {
+        assert!(cpu_time(std::process::id()).is_some());
+    }
+}
