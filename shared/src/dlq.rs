@@ -1,14 +1,19 @@
-//! Dead letters as both DLQ services see them: the reason, the filter and the
-//! per-group counts, their `ferry.v1` forms, and the request checks the
-//! agent's local `DlqService` and the control plane's share.
+//! Dead letters as both halves see them: the reason, the filter and the
+//! per-group counts, their `ferry.v1` forms, the request checks, and the one
+//! `DlqService` ([`service`]) that the control plane and an agent's admin
+//! listener both serve, each over its own store through a [`backend`].
 //!
-//! Pure code: no I/O. A failed check is a [`DlqRequestError`], which each
-//! service maps to `INVALID_ARGUMENT` in its own one place. The entry itself
-//! stays with each half, because each stores the envelope differently.
+//! This module is pure code: no I/O. A failed check is a
+//! [`DlqRequestError`], which the service maps to `INVALID_ARGUMENT`. The
+//! stored entry stays with each half, because each stores the envelope
+//! differently.
 
 use std::time::SystemTime;
 
 use crate::api::v1 as pb;
+
+pub mod backend;
+pub mod service;
 
 /// Page size used when a request names none (in every `ferry.v1` listing,
 /// dead letters or not).
@@ -272,7 +277,7 @@ pub struct WrittenEntry {
 
 /// The entry of a `WriteDlqEntryRequest`, checked: it must be set, with
 /// `id`, `bridge_id`, `route_id`, `binding_id`, `envelope` (with its `id`)
-/// and a known, specified `reason`. Timestamps are left to the caller.
+/// and a known, specified `reason`; its timestamps, when set, in range.
 pub fn check_written_entry(entry: Option<pb::DlqEntry>) -> Result<WrittenEntry, DlqRequestError> {
     let mut entry = entry.ok_or_else(|| DlqRequestError::new("entry", "must be set"))?;
     check_required_ids(
@@ -298,6 +303,13 @@ pub fn check_written_entry(entry: Option<pb::DlqEntry>) -> Result<WrittenEntry, 
             "must be permanent_error, replay_exhausted, expired or oversized",
         )
     })?;
+    for (field, t) in [
+        ("entry.first_attempt_at", entry.first_attempt_at),
+        ("entry.last_attempt_at", entry.last_attempt_at),
+        ("entry.dead_lettered_at", entry.dead_lettered_at),
+    ] {
+        t.map(|t| time(field, t)).transpose()?;
+    }
     Ok(WrittenEntry {
         entry,
         envelope,
