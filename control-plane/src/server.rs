@@ -28,11 +28,12 @@ use tonic::transport::server::{Connected, Router};
 
 use crate::services::agent::AgentServiceImpl;
 use crate::services::config::ConfigServiceImpl;
-use crate::services::dlq::DlqServiceImpl;
+use crate::services::dlq::StateDlq;
 use crate::services::lease::LeaseServiceImpl;
 use crate::services::metrics::MetricsServiceImpl;
 use crate::services::{Context, Options};
 use crate::state::StateStore;
+use ferry_shared::dlq::service::DlqServer;
 
 /// The largest request ConfigService decodes: well above the configuration
 /// limit (`MAX_CONFIG_BYTES`), so that an oversized document reaches the
@@ -85,7 +86,7 @@ impl ControlPlane {
             .max_decoding_message_size(MAX_CONFIG_REQUEST_BYTES);
         let agent = AgentServiceServer::new(AgentServiceImpl::new(ctx.clone()));
         let lease = LeaseServiceServer::new(LeaseServiceImpl::new(ctx.clone()));
-        let dlq = DlqServiceServer::new(DlqServiceImpl::new(ctx.clone()));
+        let dlq = StateDlq::server(ctx.clone());
         let metrics = MetricsServiceServer::new(MetricsServiceImpl::new(ctx.clone()));
         reporter
             .set_serving::<ConfigServiceServer<ConfigServiceImpl>>()
@@ -96,9 +97,7 @@ impl ControlPlane {
         reporter
             .set_serving::<LeaseServiceServer<LeaseServiceImpl>>()
             .await;
-        reporter
-            .set_serving::<DlqServiceServer<DlqServiceImpl>>()
-            .await;
+        reporter.set_serving::<DlqServiceServer<DlqServer>>().await;
         reporter
             .set_serving::<MetricsServiceServer<MetricsServiceImpl>>()
             .await;

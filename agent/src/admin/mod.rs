@@ -1,7 +1,8 @@
 //! The admin HTTP listener: `/metrics` (Prometheus text format), `/healthz`
 //! (the process is alive and serving) and `/readyz` (every session connected
-//! and every lease resolved). The local `DlqService` ([`dlq`]) is served over
-//! gRPC on the same port: [`with_grpc`] merges it into the router.
+//! and every lease resolved). The shared `DlqService`, over the local DLQ
+//! store ([`dlq`]), is served over gRPC on the same port: [`with_grpc`]
+//! merges it into the router.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,8 +27,8 @@ pub fn with_grpc(
     store: std::sync::Arc<dyn crate::stores::DlqStore>,
     redrive: std::sync::Arc<crate::routes::Redrive>,
 ) -> Router {
-    let grpc = tonic::service::Routes::new(dlq::LocalDlqService::server(store, redrive))
-        .into_axum_router();
+    let grpc =
+        tonic::service::Routes::new(dlq::LocalDlq::server(store, redrive)).into_axum_router();
     router.merge(grpc)
 }
 

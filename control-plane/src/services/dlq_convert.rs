@@ -1,70 +1,68 @@
-//! Dead letters between their gRPC form and the state store's. The request
-//! checks are ferry-shared's (the agent's local DlqService runs the same);
-//! this module maps their refusals to `INVALID_ARGUMENT`.
+//! Dead letters between their `ferry.v1` form (what the shared `DlqService`
+//! hands its backend) and the state store's, and state store errors as the
+//! service's backend errors.
 
 use ferry_shared::api::v1 as pb;
-use ferry_shared::dlq::{DlqRequestError, WrittenEntry, check_written_entry};
+use ferry_shared::dlq::backend::DlqBackendError;
 use prost::Message;
-use tonic::Status;
 
-use super::status::{system_time, timestamp};
-use crate::state::{DlqEntry, DlqFilter};
+use crate::state::{DlqEntry, DlqReason, StateError};
 
-/// A refused request field.
-pub fn invalid(e: DlqRequestError) -> Status {
-    Status::invalid_argument(e.to_string())
+/// A state store error as the service sees it.
+pub fn backend_error(error: StateError) -> DlqBackendError {
+    let message = error.to_string();
+    match error {
+        StateError::NotFound { .. } => DlqBackendError::NotFound(message),
+        StateError::Conflict { .. } | StateError::LeaseLost { .. } => {
+            DlqBackendError::Conflict(message)
+        }
+        StateError::Invalid(_) => DlqBackendError::Invalid(message),
+        StateError::Unavailable(_) => DlqBackendError::Unavailable(message),
+        StateError::Corrupt(_) => DlqBackendError::Corrupt(message),
+    }
 }
 
-/// A filter from its gRPC form (unset fields match everything).
-pub fn filter(filter: Option<pb::DlqFilter>) -> Result<DlqFilter, Status> {
-    DlqFilter::from_proto(filter).map_err(invalid)
-}
-
-/// An entry to store, checked: `id`, `bridge_id`, `route_id`, `binding_id`,
-/// `envelope` and `reason` are required; an unset `dead_lettered_at` is now.
-pub fn entry_to_store(entry: Option<pb::DlqEntry>) -> Result<DlqEntry, Status> {
-    let WrittenEntry {
-        entry,
-        envelope,
-        reason,
-    } = check_written_entry(entry).map_err(invalid)?;
+/// An entry the service checked, to store.
+pub fn entry_to_store(entry: pb::DlqEntry) -> Result<DlqEntry, DlqBackendError> {
+    let invalid = |e: ferry_shared::dlq::DlqRequestError| DlqBackendError::Invalid(e.to_string());
+    let time = |field, t| ferry_shared::dlq::time(field, t).map_err(invalid);
+    let reason = DlqReason::from_code(entry.reason).ok_or_else(|| {
+        DlqBackendError::Invalid(format!("entry.reason: unknown reason {}", entry.reason))
+    })?;
     Ok(DlqEntry {
+        reason,
+        first_attempt_at: entry
+            .first_attempt_at
+            .map(|t| time("entry.first_attempt_at", t))
+            .transpose()?,
+        last_attempt_at: entry
+            .last_attempt_at
+            .map(|t| time("entry.last_attempt_at", t))
+            .transpose()?,
+        dead_lettered_at: match entry.dead_lettered_at {
+            Some(t) => time("entry.dead_lettered_at", t)?,
+            None => std::time::SystemTime::now(),
+        },
+        envelope: entry.envelope.unwrap_or_default().encode_to_vec(),
         id: entry.id,
         bridge_id: entry.bridge_id,
         route_id: entry.route_id,
         binding_id: entry.binding_id,
-        reason,
         last_error: entry.last_error,
         attempts: entry.attempts,
-        first_attempt_at: entry
-            .first_attempt_at
-            .map(|t| system_time("entry.first_attempt_at", t))
-            .transpose()?,
-        last_attempt_at: entry
-            .last_attempt_at
-            .map(|t| system_time("entry.last_attempt_at", t))
-            .transpose()?,
-        dead_lettered_at: match entry.dead_lettered_at {
-            Some(t) => system_time("entry.dead_lettered_at", t)?,
-            None => std::time::SystemTime::now(),
-        },
         agent_id: entry.agent_id,
         address: entry.address,
-        envelope: envelope.encode_to_vec(),
     })
 }
 
-/// A stored entry in its gRPC form, with or without its payload.
-pub fn entry_to_proto(entry: DlqEntry, with_payload: bool) -> Result<pb::DlqEntry, Status> {
-    let mut envelope = pb::Envelope::decode(entry.envelope.as_slice()).map_err(|e| {
-        Status::data_loss(format!(
+/// A stored entry in its `ferry.v1` form, with its whole envelope.
+pub fn entry_to_proto(entry: DlqEntry) -> Result<pb::DlqEntry, DlqBackendError> {
+    let envelope = pb::Envelope::decode(entry.envelope.as_slice()).map_err(|e| {
+        DlqBackendError::Corrupt(format!(
             "dead letter {:?}: stored envelope does not decode: {e}",
             entry.id
         ))
     })?;
-    if !with_payload {
-        envelope.payload.clear();
-    }
     Ok(pb::DlqEntry {
         id: entry.id,
         bridge_id: entry.bridge_id,
@@ -74,9 +72,9 @@ pub fn entry_to_proto(entry: DlqEntry, with_payload: bool) -> Result<pb::DlqEntr
         reason: entry.reason.code(),
         last_error: entry.last_error,
         attempts: entry.attempts,
-        first_attempt_at: entry.first_attempt_at.map(timestamp),
-        last_attempt_at: entry.last_attempt_at.map(timestamp),
-        dead_lettered_at: Some(timestamp(entry.dead_lettered_at)),
+        first_attempt_at: entry.first_attempt_at.map(Into::into),
+        last_attempt_at: entry.last_attempt_at.map(Into::into),
+        dead_lettered_at: Some(entry.dead_lettered_at.into()),
         agent_id: entry.agent_id,
         address: entry.address,
     })

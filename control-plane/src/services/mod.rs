@@ -6,7 +6,9 @@
 //! - [`config`]: ConfigService (documents validated in [`documents`]);
 //! - [`agent`]: AgentService: `Connect` streams ([`agent::session`]) and the
 //!   agent listing;
-//! - [`lease`], [`dlq`], [`metrics`]: the other services;
+//! - [`dlq`]: the shared `DlqService` of `ferry_shared::dlq::service` over
+//!   the state store ([`dlq_convert`]) and the connected agents;
+//! - [`lease`], [`metrics`]: the other services;
 //! - [`status`]: the one mapping of errors to gRPC statuses and the shared
 //!   request checks.
 
