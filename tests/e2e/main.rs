@@ -23,6 +23,7 @@ mod control_plane;
 mod cp_stores;
 mod cp_stores_conformance;
 mod deploy_manifests;
+mod dlq_endpoints;
 mod ferryctl;
 mod first_run;
 mod harness_selftest;
