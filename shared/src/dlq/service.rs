@@ -63,33 +63,9 @@ impl DlqServer {
             ))),
         }
     }
-}
 
-/// A refused request: `INVALID_ARGUMENT` naming the field.
-fn invalid(e: DlqRequestError) -> Status {
-    Status::invalid_argument(e.to_string())
-}
-
-fn filter(f: Option<pb::DlqFilter>) -> Result<DlqFilter, Status> {
-    DlqFilter::from_proto(f).map_err(invalid)
-}
-
-/// `INVALID_ARGUMENT` naming `field` when `id` is blank.
-fn require_id(field: &str, id: &str) -> Result<(), Status> {
-    if id.trim().is_empty() {
-        return Err(invalid(DlqRequestError::new(field, "must not be empty")));
-    }
-    Ok(())
-}
-
-/// The entries a redrive works on, each fetched or the reason it could not
-/// be, and whether more were selected than `limit` allowed.
-struct Selection {
-    entries: Vec<(String, Result<pb::DlqEntry, DlqBackendError>)>,
-    truncated: bool,
-}
-
-impl DlqServer {
+    /// The entries a redrive selects: by `ids`, or else by a non-empty
+    /// filter; at most `limit` of them.
     async fn select(&self, r: pb::RedriveDlqEntriesRequest) -> Result<Selection, Status> {
         let limit = page_size(r.limit);
         if r.ids.is_empty() {
@@ -125,6 +101,30 @@ impl DlqServer {
         }
         Ok(Selection { entries, truncated })
     }
+}
+
+/// A refused request: `INVALID_ARGUMENT` naming the field.
+fn invalid(e: DlqRequestError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+fn filter(f: Option<pb::DlqFilter>) -> Result<DlqFilter, Status> {
+    DlqFilter::from_proto(f).map_err(invalid)
+}
+
+/// `INVALID_ARGUMENT` naming `field` when `id` is blank.
+fn require_id(field: &str, id: &str) -> Result<(), Status> {
+    if id.trim().is_empty() {
+        return Err(invalid(DlqRequestError::new(field, "must not be empty")));
+    }
+    Ok(())
+}
+
+/// The entries a redrive works on, each fetched or the reason it could not
+/// be, and whether more were selected than `limit` allowed.
+struct Selection {
+    entries: Vec<(String, Result<pb::DlqEntry, DlqBackendError>)>,
+    truncated: bool,
 }
 
 #[tonic::async_trait]
