@@ -17,7 +17,8 @@
 //!   the call fails with `FAILED_PRECONDITION`;
 //! - backend errors become statuses in [`backend::status`].
 //!
-//! [`DlqServer::admit`] is where a request's principal is to be checked.
+//! Authorization (issue 16) belongs here too, once per RPC, so that both
+//! halves check it the same way.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -43,13 +44,6 @@ impl DlqServer {
     /// A tonic server of the service over `backend`.
     pub fn server(backend: Arc<dyn DlqBackend>) -> DlqServiceServer<Self> {
         DlqServiceServer::new(Self::new(backend))
-    }
-
-    /// Whether the caller of `request` may call `rpc`. The one place every
-    /// RPC passes before anything is done; today every caller is admitted
-    /// (authentication and roles come with issue 16).
-    fn admit<T>(&self, _request: &Request<T>, _rpc: &'static str) -> Result<(), Status> {
-        Ok(())
     }
 
     /// Redrives one fetched entry and deletes it once redelivered.
@@ -133,7 +127,6 @@ impl DlqService for DlqServer {
         &self,
         request: Request<pb::WriteDlqEntryRequest>,
     ) -> Result<Response<pb::WriteDlqEntryResponse>, Status> {
-        self.admit(&request, "WriteDlqEntry")?;
         let written = check_written_entry(request.into_inner().entry).map_err(invalid)?;
         let entry = pb::DlqEntry {
             envelope: Some(written.envelope),
@@ -153,7 +146,6 @@ impl DlqService for DlqServer {
         &self,
         request: Request<pb::ListDlqEntriesRequest>,
     ) -> Result<Response<pb::ListDlqEntriesResponse>, Status> {
-        self.admit(&request, "ListDlqEntries")?;
         let r = request.into_inner();
         let f = filter(r.filter)?;
         let token = (!r.page_token.is_empty()).then_some(r.page_token);
@@ -177,7 +169,6 @@ impl DlqService for DlqServer {
         &self,
         request: Request<pb::GetDlqEntryRequest>,
     ) -> Result<Response<pb::GetDlqEntryResponse>, Status> {
-        self.admit(&request, "GetDlqEntry")?;
         let id = request.into_inner().id;
         require_id("id", &id)?;
         let entry = self.backend.get(&id).await.map_err(backend::status)?;
@@ -190,7 +181,6 @@ impl DlqService for DlqServer {
         &self,
         request: Request<pb::RedriveDlqEntriesRequest>,
     ) -> Result<Response<pb::RedriveDlqEntriesResponse>, Status> {
-        self.admit(&request, "RedriveDlqEntries")?;
         let Selection { entries, truncated } = self.select(request.into_inner()).await?;
         let mut outcomes = Vec::with_capacity(entries.len());
         let (mut routed, mut unroutable) = (0usize, None);
@@ -231,7 +221,6 @@ impl DlqService for DlqServer {
         &self,
         request: Request<pb::DeleteDlqEntryRequest>,
     ) -> Result<Response<pb::DeleteDlqEntryResponse>, Status> {
-        self.admit(&request, "DeleteDlqEntry")?;
         let id = request.into_inner().id;
         require_id("id", &id)?;
         self.backend.delete(&id).await.map_err(backend::status)?;
@@ -242,7 +231,6 @@ impl DlqService for DlqServer {
         &self,
         request: Request<pb::PurgeDlqEntriesRequest>,
     ) -> Result<Response<pb::PurgeDlqEntriesResponse>, Status> {
-        self.admit(&request, "PurgeDlqEntries")?;
         let r = request.into_inner();
         check_purge_confirmed(r.confirm).map_err(invalid)?;
         let f = filter(r.filter)?;
@@ -254,7 +242,6 @@ impl DlqService for DlqServer {
         &self,
         request: Request<pb::GetDlqStatsRequest>,
     ) -> Result<Response<pb::GetDlqStatsResponse>, Status> {
-        self.admit(&request, "GetDlqStats")?;
         let f = filter(request.into_inner().filter)?;
         let stats = self.backend.stats(&f).await.map_err(backend::status)?;
         Ok(Response::new(pb::GetDlqStatsResponse {
