@@ -536,10 +536,11 @@ fn complete(
     let mut delete = conn
         .prepare_cached(&format!("DELETE FROM outbox_records {CLAIMED_IN_RUN}"))
         .map_err(sql_error)?;
-    // Invariant 2: a message goes with the last record of its range. A
-    // partition's messages have ascending `msg` in append order (a rowid
-    // above every live one), so the messages of a run's records are the
-    // partition's messages between the lowest and the highest of them.
+    // Invariant 2: a message goes with the last record of its range. The
+    // messages of a run's records lie between the lowest and the highest of
+    // their `msg`s, and few others do: a partition's messages have ascending
+    // `msg` in append order (a rowid above every live one), and a run's
+    // records were appended one after another.
     let mut emptied = conn
         .prepare_cached(
             "DELETE FROM outbox_messages WHERE msg BETWEEN ?2 AND ?3 AND pid=?1 AND NOT EXISTS ( \
