@@ -165,6 +165,13 @@ fn raw_record(r: &Row<'_>) -> rusqlite::Result<RawRecord> {
 }
 
 impl RawRecord {
+    /// The row as a claim by `owner` under `version` at `now` leaves it.
+    fn state_claimed(&mut self, version: i64, owner: &str, now: i64) {
+        self.claim_version = Some(version);
+        self.claim_owner = Some(owner.to_owned());
+        self.claimed_at = Some(now);
+    }
+
     fn into_record(self, partition: &str, envelope: Arc<Envelope>) -> StoreResult<OutboxRecord> {
         let claim = match (self.claim_version, self.claim_owner, self.claimed_at) {
             (Some(version), Some(owner), Some(at)) => Some(Claim {
@@ -378,50 +385,90 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     let pid = advance_fence(conn, a.partition, a.version)?;
     let now = unix_nanos(a.now)?;
     let stale_ns = i64::try_from(a.stale_after.as_nanos()).unwrap_or(i64::MAX);
-    // One statement: the oldest `limit` of the pending records and of this
-    // owner's claims old enough to be taken back (two range scans on the
-    // (pid, state, seq) index, merged), marked and returned. The index is
-    // named: without statistics SQLite prefers scanning the whole partition
-    // by primary key for the second scan (a `WITHOUT ROWID` table's index
-    // costs a key lookup per row), a millisecond per claim with a backlog.
-    let sql = format!(
-        "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, claimed_at_ns=?5 \
-         WHERE pid=?1 AND seq IN ( \
-           SELECT seq FROM (SELECT seq FROM {BY_STATE} WHERE pid=?1 AND state=0 \
-                            ORDER BY seq LIMIT ?2) \
-           UNION ALL \
-           SELECT seq FROM (SELECT seq FROM {BY_STATE} WHERE pid=?1 AND state=1 \
-                            AND claim_owner=?4 AND claimed_at_ns<=?6 ORDER BY seq LIMIT ?2) \
-           ORDER BY seq LIMIT ?2) \
-         RETURNING {COLUMNS}"
-    );
-    let args = params![
-        pid,
-        sql_limit(a.limit),
-        to_i64(a.version)?,
-        a.owner,
-        now,
-        now.saturating_sub(stale_ns),
-    ];
-    marked(conn, a.partition, &sql, args)
+    let limit = sql_limit(a.limit);
+    // The oldest `limit` of the pending records and of this owner's claims
+    // old enough to be taken back: two range scans of the (pid, state, seq)
+    // index, merged here. The index is named: without statistics SQLite
+    // prefers scanning the whole partition by primary key for the second
+    // scan (a `WITHOUT ROWID` table's index costs a key lookup per row), a
+    // millisecond per claim with a backlog. Selecting and then marking by
+    // seq range costs less than one `UPDATE … WHERE seq IN (…) RETURNING`,
+    // which builds two ephemeral tables per call.
+    let mut rows = selected(
+        conn,
+        &format!("SELECT {COLUMNS} FROM {BY_STATE} WHERE pid=?1 AND state=0 ORDER BY seq LIMIT ?2"),
+        params![pid, limit],
+    )?;
+    rows.extend(selected(
+        conn,
+        &format!(
+            "SELECT {COLUMNS} FROM {BY_STATE} WHERE pid=?1 AND state=1 AND claim_owner=?3 \
+             AND claimed_at_ns<=?4 ORDER BY seq LIMIT ?2"
+        ),
+        params![pid, limit, a.owner, now.saturating_sub(stale_ns)],
+    )?);
+    rows.sort_unstable_by_key(|r| r.seq);
+    rows.truncate(a.limit);
+    mark(conn, pid, &mut rows, &a, now)?;
+    with_envelopes(conn, a.partition, rows)
 }
 
-/// Runs an `UPDATE … RETURNING {COLUMNS}` and returns the records it marked
-/// in `seq` order (`RETURNING` promises no order), with their envelopes.
-fn marked(
+/// The rows a `SELECT {COLUMNS}` returns.
+fn selected(
     conn: &Connection,
-    partition: &str,
     sql: &str,
     args: impl rusqlite::Params,
-) -> StoreResult<Vec<OutboxRecord>> {
-    let rows = conn
-        .prepare_cached(sql)
+) -> StoreResult<Vec<RawRecord>> {
+    conn.prepare_cached(sql)
         .map_err(sql_error)?
         .query_map(args, raw_record)
         .map_err(sql_error)?
         .collect::<Result<Vec<_>, _>>()
+        .map_err(sql_error)
+}
+
+/// Claims `rows` (sorted by seq, just selected in this transaction) for
+/// `a.owner` under `a.version` at `now`, in the store and in `rows`: one
+/// `UPDATE` per run of consecutive seqs, which a batch mostly is.
+fn mark(
+    conn: &Connection,
+    pid: i64,
+    rows: &mut [RawRecord],
+    a: &ClaimArgs<'_>,
+    now: i64,
+) -> StoreResult<()> {
+    let version = to_i64(a.version)?;
+    let mut update = conn
+        .prepare_cached(
+            "UPDATE outbox_records SET state=1, claim_version=?4, claim_owner=?5, \
+             claimed_at_ns=?6 WHERE pid=?1 AND seq BETWEEN ?2 AND ?3",
+        )
         .map_err(sql_error)?;
-    with_envelopes(conn, partition, rows)
+    for (first, last) in runs(rows.iter().map(|r| r.seq)) {
+        update
+            .execute(params![pid, first, last, version, a.owner, now])
+            .map_err(sql_error)?;
+    }
+    for row in rows {
+        row.state_claimed(version, a.owner, now);
+    }
+    Ok(())
+}
+
+/// The runs of consecutive values of ascending, distinct `seqs`, as
+/// `(first, last)`: the seq ranges that hold exactly these records.
+fn runs<T>(seqs: impl IntoIterator<Item = T>) -> Vec<(T, T)>
+where
+    T: Copy + PartialEq + std::ops::Add<Output = T> + From<u8>,
+{
+    let mut runs: Vec<(T, T)> = Vec::new();
+    for seq in seqs {
+        match runs.last_mut() {
+            Some((_, last)) if *last + T::from(1) == seq => *last = seq,
+            _ => runs.push((seq, seq)),
+        }
+    }
+    runs
 }
 
 /// `seqs` sorted, each once.
@@ -459,9 +506,13 @@ fn per_claimed(
     Ok(done)
 }
 
-/// Which records `complete` and `release` act on: claimed with exactly
-/// their version.
+/// Which records `release` acts on: claimed with exactly its version.
 const CLAIMED: &str = "WHERE pid=?1 AND seq=?2 AND state=1 AND claim_version=?3";
+
+/// Which records of the run `?2..=?3` `complete` acts on: claimed with
+/// exactly its version (`?4`).
+const CLAIMED_IN_RUN: &str =
+    "WHERE pid=?1 AND seq BETWEEN ?2 AND ?3 AND state=1 AND claim_version=?4";
 
 fn complete(
     conn: &Connection,
@@ -473,40 +524,51 @@ fn complete(
         return Ok(Vec::new());
     };
     let version = to_i64(version)?;
-    // The message of each record is read before the record is deleted (a
-    // `DELETE … RETURNING` costs SQLite an ephemeral table per statement).
+    // A statement of each kind per run of consecutive seqs (a batch is
+    // mostly one run), not per seq. The records' messages are read before
+    // they are deleted (a `DELETE … RETURNING` costs SQLite an ephemeral
+    // table per statement); both statements match the same rows.
     let mut find = conn
-        .prepare_cached(&format!("SELECT msg FROM outbox_records {CLAIMED}"))
+        .prepare_cached(&format!(
+            "SELECT seq, msg FROM outbox_records {CLAIMED_IN_RUN}"
+        ))
         .map_err(sql_error)?;
     let mut delete = conn
-        .prepare_cached("DELETE FROM outbox_records WHERE pid=?1 AND seq=?2")
+        .prepare_cached(&format!("DELETE FROM outbox_records {CLAIMED_IN_RUN}"))
         .map_err(sql_error)?;
-    let (mut done, mut msgs) = (Vec::new(), Vec::new());
-    for seq in distinct(seqs) {
-        let seq_i = to_i64(seq)?;
-        let msg: Option<i64> = find
-            .query_row(params![p.pid, seq_i, version], |r| r.get(0))
-            .optional()
-            .map_err(sql_error)?;
-        if let Some(msg) = msg {
-            delete.execute(params![p.pid, seq_i]).map_err(sql_error)?;
-            done.push(seq);
-            msgs.push(msg);
-        }
-    }
-    // Invariant 2: a message goes with the last record of its range.
+    // Invariant 2: a message goes with the last record of its range. The
+    // messages of a run's records lie between the lowest and the highest of
+    // their `msg`s, and few others do: a partition's messages have ascending
+    // `msg` in append order (a rowid above every live one), and a run's
+    // records were appended one after another.
     let mut emptied = conn
         .prepare_cached(
-            "DELETE FROM outbox_messages WHERE msg=?1 AND NOT EXISTS ( \
+            "DELETE FROM outbox_messages WHERE msg BETWEEN ?2 AND ?3 AND pid=?1 AND NOT EXISTS ( \
                SELECT 1 FROM outbox_records r WHERE r.pid=outbox_messages.pid \
                AND r.seq BETWEEN outbox_messages.first_seq AND outbox_messages.last_seq)",
         )
         .map_err(sql_error)?;
-    msgs.sort_unstable();
-    msgs.dedup();
-    for msg in msgs {
-        emptied.execute([msg]).map_err(sql_error)?;
+    let mut done = Vec::new();
+    for (first, last) in runs(distinct(seqs)) {
+        let run = params![p.pid, to_i64(first)?, to_i64(last)?, version];
+        let found = find
+            .query_map(run, |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+            .map_err(sql_error)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(sql_error)?;
+        let msgs = found.iter().map(|(_, msg)| *msg);
+        let (Some(low), Some(high)) = (msgs.clone().min(), msgs.max()) else {
+            continue;
+        };
+        delete.execute(run).map_err(sql_error)?;
+        emptied
+            .execute(params![p.pid, low, high])
+            .map_err(sql_error)?;
+        for (seq, _) in found {
+            done.push(to_u64(seq)?);
+        }
     }
+    done.sort_unstable();
     Ok(done)
 }
 
@@ -551,16 +613,17 @@ fn release(
 fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
     let pid = advance_fence(conn, a.partition, a.version)?;
     let now = unix_nanos(a.now)?;
-    let sql = format!(
-        "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, claimed_at_ns=?5 \
-         WHERE pid=?1 AND seq IN ( \
-           SELECT seq FROM outbox_records INDEXED BY outbox_records_expiry WHERE pid=?1 \
-           AND state=0 AND expires_at_ns IS NOT NULL AND expires_at_ns<=?5 ORDER BY seq \
-           LIMIT ?2) \
-         RETURNING {COLUMNS}"
-    );
-    let args = params![pid, sql_limit(a.limit), to_i64(a.version)?, a.owner, now];
-    marked(conn, a.partition, &sql, args)
+    let mut rows = selected(
+        conn,
+        &format!(
+            "SELECT {COLUMNS} FROM outbox_records INDEXED BY outbox_records_expiry WHERE pid=?1 \
+             AND state=0 AND expires_at_ns IS NOT NULL AND expires_at_ns<=?3 ORDER BY seq \
+             LIMIT ?2"
+        ),
+        params![pid, sql_limit(a.limit), now],
+    )?;
+    mark(conn, pid, &mut rows, &a, now)?;
+    with_envelopes(conn, a.partition, rows)
 }
 
 fn stats(conn: &Connection, partition: &str) -> StoreResult<OutboxStats> {
@@ -571,31 +634,56 @@ fn stats(conn: &Connection, partition: &str) -> StoreResult<OutboxStats> {
         high_water_mark: p.hwm,
         ..OutboxStats::default()
     };
+    // Counted here rather than by `GROUP BY`, which sorts every record of
+    // the partition first: a partition has a few bindings, so a short list
+    // searched by name groups them without a sort or an allocation per row.
     let mut stmt = conn
-        .prepare_cached(
-            "SELECT binding, state, COUNT(*), MIN(created_at_ns) FROM outbox_records \
-             WHERE pid=?1 GROUP BY binding, state",
-        )
+        .prepare_cached("SELECT binding, state, created_at_ns FROM outbox_records WHERE pid=?1")
         .map_err(sql_error)?;
-    let rows = stmt
-        .query_map([p.pid], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)?,
-                r.get::<_, i64>(3)?,
-            ))
-        })
-        .map_err(sql_error)?;
-    for row in rows {
-        let (binding, state, count, oldest) = row.map_err(sql_error)?;
-        let count = to_u64(count)?;
-        let oldest = from_unix_nanos(oldest)?;
-        for s in [&mut stats.total, stats.bindings.entry(binding).or_default()] {
-            merge(s, state == 1, count, oldest);
+    let mut rows = stmt.query([p.pid]).map_err(sql_error)?;
+    let mut groups: Vec<Group> = Vec::new();
+    while let Some(row) = rows.next().map_err(sql_error)? {
+        let binding = row
+            .get_ref(0)
+            .and_then(|v| Ok(v.as_str()?))
+            .map_err(sql_error)?;
+        let claimed = row.get::<_, i64>(1).map_err(sql_error)? == 1;
+        let created_at = row.get::<_, i64>(2).map_err(sql_error)?;
+        match groups
+            .iter_mut()
+            .find(|g| g.claimed == claimed && g.binding == binding)
+        {
+            Some(g) => {
+                g.count += 1;
+                g.oldest = g.oldest.min(created_at);
+            }
+            None => groups.push(Group {
+                binding: binding.to_owned(),
+                claimed,
+                count: 1,
+                oldest: created_at,
+            }),
+        }
+    }
+    for g in groups {
+        let oldest = from_unix_nanos(g.oldest)?;
+        for s in [
+            &mut stats.total,
+            stats.bindings.entry(g.binding).or_default(),
+        ] {
+            merge(s, g.claimed, g.count, oldest);
         }
     }
     Ok(stats)
+}
+
+/// The records of one binding in one state, as `stats` counts them.
+struct Group {
+    binding: String,
+    claimed: bool,
+    count: u64,
+    /// The lowest `created_at_ns`.
+    oldest: i64,
 }
 
 fn merge(s: &mut BindingStats, claimed: bool, count: u64, oldest: SystemTime) {
