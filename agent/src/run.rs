@@ -16,7 +16,6 @@ use ferry_agent::health::Readiness;
 use ferry_agent::metrics::Metrics;
 use ferry_agent::runtime::{Bridge, Deps};
 use ferry_shared::config::{CheckError, ProcessEnv, ValidConfig, check_file};
-use tokio_util::sync::CancellationToken;
 
 use crate::cli::{RunArgs, report_refused};
 
@@ -80,20 +79,13 @@ async fn serve(args: &RunArgs, config: &std::path::Path, valid: ValidConfig) -> 
     let mut bridge = Bridge::start(&valid, deps)
         .await
         .context("starting the bridge")?;
-    let admin_stop = CancellationToken::new();
-    let admin_task = match listener {
+    let admin = match listener {
         Some(listener) => {
-            let addr = listener.local_addr().context("admin listener address")?;
             let mut router = admin::router(Arc::clone(&metrics), readiness);
             if let Some(dlq) = bridge.dlq() {
                 router = admin::with_grpc(router, dlq, bridge.redrive());
             }
-            tracing::info!(%addr, "admin listening");
-            Some(tokio::spawn(admin::serve(
-                listener,
-                router,
-                admin_stop.clone().cancelled_owned(),
-            )))
+            Some(admin::Running::start(listener, router).context("admin listener")?)
         }
         None => None,
     };
@@ -103,13 +95,8 @@ async fn serve(args: &RunArgs, config: &std::path::Path, valid: ValidConfig) -> 
     }
     tracing::info!(grace = ?bridge.grace(), "shutting down");
     bridge.shutdown().await;
-    admin_stop.cancel();
-    if let Some(task) = admin_task {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "admin listener failed"),
-            Err(e) => tracing::warn!(error = %e, "admin task failed"),
-        }
+    if let Some(admin) = admin {
+        admin.stop().await;
     }
     tracing::info!("stopped");
     drop(locks);

@@ -4,7 +4,7 @@
 //! store ([`dlq`]), is served over gRPC on the same port: [`with_grpc`]
 //! merges it into the router.
 
-use std::future::Future;
+use std::future::IntoFuture;
 use std::sync::Arc;
 
 use axum::Router;
@@ -14,6 +14,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use ferry_shared::os::ListenError;
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::health::Readiness;
 use crate::metrics::Metrics;
@@ -58,15 +60,37 @@ pub async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, ListenError
     })
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+/// A serving admin listener; [`Running::stop`] ends it gracefully. Both the
+/// standalone and the managed agent start and stop it this way.
+pub struct Running {
+    stop: CancellationToken,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    /// Serves `router` on `listener` in a task of its own.
+    pub fn start(listener: TcpListener, router: Router) -> std::io::Result<Self> {
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, "admin listening");
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(
+            axum::serve(listener, router)
+                .with_graceful_shutdown(stop.clone().cancelled_owned())
+                .into_future(),
+        );
+        Ok(Self { stop, task })
+    }
+
+    /// Stops accepting, lets in-flight requests finish, and logs a failure
+    /// of the listener (it is not the agent's: the bridges are already down).
+    pub async fn stop(self) {
+        self.stop.cancel();
+        match self.task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "admin listener failed"),
+            Err(e) => tracing::warn!(error = %e, "admin task failed"),
+        }
+    }
 }
 
 async fn metrics_text(State(state): State<AdminState>) -> Response {
@@ -129,12 +153,7 @@ mod tests {
         let session = readiness.condition("session mqtt-conn connected");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let shutdown = tokio_util::sync::CancellationToken::new();
-        let server = tokio::spawn(serve(
-            listener,
-            router(metrics, readiness.clone()),
-            shutdown.clone().cancelled_owned(),
-        ));
+        let server = Running::start(listener, router(metrics, readiness.clone())).expect("start");
 
         assert_eq!(get_text(addr, "/healthz").await.0, 200);
         let (status, body) = get_text(addr, "/readyz").await;
@@ -152,7 +171,8 @@ mod tests {
         assert_eq!(status, 200);
         assert!(body.contains("ferry_messages_received_total"), "{body}");
 
-        shutdown.cancel();
-        server.await.expect("join").expect("serve");
+        server.stop().await;
+        let refused = tokio::net::TcpStream::connect(addr).await.is_err();
+        assert!(refused, "the admin listener still accepts after stop");
     }
 }

@@ -80,19 +80,10 @@ pub async fn serve(
     };
     // Before the admin listener serves: not ready until the cache is run.
     let bridges = Bridges::new(deps, cache, data_dir.clone(), lock);
-    let admin_stop = CancellationToken::new();
-    let admin_task = match admin_listener {
-        Some(listener) => {
-            let addr = listener.local_addr().context("admin listener address")?;
-            tracing::info!(%addr, "admin listening");
-            Some(tokio::spawn(admin::serve(
-                listener,
-                admin::router(metrics, readiness),
-                admin_stop.clone().cancelled_owned(),
-            )))
-        }
-        None => None,
-    };
+    let admin = admin_listener
+        .map(|listener| admin::Running::start(listener, admin::router(metrics, readiness)))
+        .transpose()
+        .context("admin listener")?;
     let identity = Identity {
         agent_id: agent_id.clone(),
         labels,
@@ -112,13 +103,8 @@ pub async fn serve(
     if let Err(error) = agent.await {
         tracing::error!(%error, "the managed agent's task failed");
     }
-    admin_stop.cancel();
-    if let Some(task) = admin_task {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "admin listener failed"),
-            Err(e) => tracing::warn!(error = %e, "admin task failed"),
-        }
+    if let Some(admin) = admin {
+        admin.stop().await;
     }
     tracing::info!("stopped");
     Ok(())
