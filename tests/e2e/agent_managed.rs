@@ -102,18 +102,7 @@ pub(crate) fn document(bridge: &str, broker: &str, dlq: &str) -> String {
 }
 
 pub(crate) async fn ferryctl(cp: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
-    let output = tokio::process::Command::new(project_bin("ferryctl")?)
-        .arg("--endpoint")
-        .arg(cp.endpoint())
-        .args(args)
-        .output()
-        .await?;
-    anyhow::ensure!(
-        output.status.success(),
-        "ferryctl {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    ferry_tests::process::ferryctl(&cp.endpoint(), args).await
 }
 
 pub(crate) async fn apply(

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use ferry_tests::agent::Agent;
 use ferry_tests::mqtt::QoS;
-use ferry_tests::process::{ChildProcess, project_bin};
+use ferry_tests::process::{ChildProcess, ferryctl, project_bin};
 use ferry_tests::{
     Mosquitto, PublishOptions, free_port, ports, publish_seq, publish_seq_with, wait,
 };
@@ -55,19 +55,9 @@ async fn start_control_plane(grpc: SocketAddr, dir: &Path) -> anyhow::Result<Chi
 
 /// `ferryctl -o json ARGS` against `grpc`, parsed.
 async fn ferryctl_json(grpc: SocketAddr, args: &[&str]) -> anyhow::Result<Value> {
-    let output = tokio::process::Command::new(project_bin("ferryctl")?)
-        .arg("--endpoint")
-        .arg(format!("http://{grpc}"))
-        .args(["-o", "json"])
-        .args(args)
-        .output()
-        .await?;
-    anyhow::ensure!(
-        output.status.success(),
-        "ferryctl {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).with_context(|| format!("ferryctl {args:?} output"))
+    let args = [&["-o", "json"], args].concat();
+    let out = ferryctl(&format!("http://{grpc}"), &args).await?;
+    serde_json::from_str(&out).with_context(|| format!("ferryctl {args:?} output"))
 }
 
 /// The lease of route `r` of bridge `e2e` as `ferryctl get leases` shows it: (holder,

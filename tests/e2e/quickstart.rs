@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ferry_tests::ports::accepts_connections;
+use ferry_tests::process::ferryctl;
 use ferry_tests::{ChildProcess, project_bin, wait};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -190,19 +191,4 @@ fn children(pid: u32) -> anyhow::Result<Vec<u32>> {
         }
     }
     Ok(children)
-}
-
-async fn ferryctl(endpoint: &str, args: &[&str]) -> anyhow::Result<String> {
-    let output = tokio::process::Command::new(project_bin("ferryctl")?)
-        .arg("--endpoint")
-        .arg(endpoint)
-        .args(args)
-        .output()
-        .await?;
-    anyhow::ensure!(
-        output.status.success(),
-        "ferryctl {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }

@@ -351,6 +351,24 @@ pub fn project_bin(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// `ferryctl --endpoint ENDPOINT ARGS…`: its standard output, or an error with its standard
+/// error when it exits non-zero.
+pub async fn ferryctl(endpoint: &str, args: &[&str]) -> anyhow::Result<String> {
+    let output = tokio::process::Command::new(project_bin("ferryctl")?)
+        .arg("--endpoint")
+        .arg(endpoint)
+        .args(args)
+        .output()
+        .await
+        .context("running ferryctl")?;
+    anyhow::ensure!(
+        output.status.success(),
+        "ferryctl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 /// The repository root (the workspace that contains this crate).
 pub fn workspace_root() -> PathBuf {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
