@@ -125,6 +125,11 @@ fn connect(options: &SqliteOptions) -> StoreResult<Connection> {
         Synchronous::Full => "FULL",
         Synchronous::Normal => "NORMAL",
     };
+    // Before WAL: switching to WAL writes the file's first page, after which
+    // the mode only changes with a VACUUM (a whole rewrite at every first
+    // open). On an existing file this changes nothing; `vacuum` converts it.
+    conn.execute_batch("PRAGMA auto_vacuum=INCREMENTAL")
+        .map_err(sql_error)?;
     // journal_mode returns a row, so it is queried rather than executed.
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
@@ -411,6 +416,18 @@ mod tests {
             "{size} bytes left after draining {grown}"
         );
         store.close().await;
+    }
+
+    /// A new database is created in incremental auto-vacuum mode, not
+    /// converted by a `VACUUM` after its first page is written.
+    #[test]
+    fn a_new_database_starts_in_incremental_auto_vacuum() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let conn = connect(&sqlite_options(&dir, "new.db")).expect("connect");
+        let mode: i64 = conn
+            .query_row("PRAGMA auto_vacuum", [], |r| r.get(0))
+            .expect("auto_vacuum");
+        assert_eq!(mode, 2, "incremental before any table or VACUUM");
     }
 
     /// An existing database without incremental auto-vacuum is converted

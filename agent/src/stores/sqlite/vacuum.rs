@@ -2,8 +2,8 @@
 //! after a backlog drains (15 MB stayed on disk after 5 000 records before).
 //!
 //! - Every database uses `auto_vacuum = INCREMENTAL`. SQLite accepts the
-//!   mode only before the first table is created: a new database gets it at
-//!   once; an existing one (created by an older build) is converted once
+//!   mode only before the file's first page is written: a new database gets
+//!   it when it is connected, before WAL is switched on; an existing one (created by an older build) is converted once
 //!   with `VACUUM` when it is opened. The conversion needs free disk space of
 //!   about the file's size; when it fails the store still opens (a warning
 //!   says the file will not shrink).
