@@ -1,5 +1,7 @@
 //! ferry-shared: what the agent and the control plane have in common.
 //!
+//! - [`auth`]: the principal an authenticated request carries and the
+//!   caller audit records name.
 //! - [`api`]: the generated `ferry.v1` gRPC messages, clients and servers
 //!   (from `proto/ferry/v1`), plus the encoded descriptor set for reflection.
 //! - [`envelope`]: the message as Ferry carries it, with the storage
@@ -17,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod dlq;
 pub mod envelope;
