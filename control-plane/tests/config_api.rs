@@ -42,6 +42,7 @@ async fn every_config_rpc_works_in_memory_and_over_tcp() {
             .get_config(pb::GetConfigRequest {
                 bridge_id: "b1".into(),
                 version: 0,
+                reveal_secrets: false,
             })
             .await
             .unwrap()
@@ -54,6 +55,7 @@ async fn every_config_rpc_works_in_memory_and_over_tcp() {
             .get_config(pb::GetConfigRequest {
                 bridge_id: "b1".into(),
                 version: 1,
+                reveal_secrets: false,
             })
             .await
             .unwrap()
@@ -70,6 +72,7 @@ async fn every_config_rpc_works_in_memory_and_over_tcp() {
             .list_configs(pb::ListConfigsRequest {
                 page_size: 1,
                 page_token: String::new(),
+                reveal_secrets: false,
             })
             .await
             .unwrap()
@@ -79,6 +82,7 @@ async fn every_config_rpc_works_in_memory_and_over_tcp() {
             .list_configs(pb::ListConfigsRequest {
                 page_size: 1,
                 page_token: listed.next_page_token,
+                reveal_secrets: false,
             })
             .await
             .unwrap()
@@ -207,6 +211,7 @@ async fn every_config_rpc_works_in_memory_and_over_tcp() {
             .get_config(pb::GetConfigRequest {
                 bridge_id: "b2".into(),
                 version: 0,
+                reveal_secrets: false,
             })
             .await
             .unwrap_err();
@@ -237,6 +242,7 @@ async fn config_error_codes() {
                 .get_config(pb::GetConfigRequest {
                     bridge_id: String::new(),
                     version: 0,
+                    reveal_secrets: false,
                 })
                 .await,
         );
@@ -247,7 +253,8 @@ async fn config_error_codes() {
                 config
                     .get_config(pb::GetConfigRequest {
                         bridge_id: "nope".into(),
-                        version: 0
+                        version: 0,
+                        reveal_secrets: false,
                     })
                     .await
             )
@@ -259,7 +266,8 @@ async fn config_error_codes() {
                 config
                     .get_config(pb::GetConfigRequest {
                         bridge_id: "b1".into(),
-                        version: 9
+                        version: 9,
+                        reveal_secrets: false,
                     })
                     .await
             )
@@ -318,7 +326,8 @@ async fn config_error_codes() {
                 config
                     .list_configs(pb::ListConfigsRequest {
                         page_size: 1,
-                        page_token: "zz".into()
+                        page_token: "zz".into(),
+                        reveal_secrets: false,
                     })
                     .await
             )

@@ -183,6 +183,7 @@ async fn concurrent_applies_with_the_same_expected_version_exactly_one_wins() {
         .get_config(pb::GetConfigRequest {
             bridge_id: "cas".into(),
             version: 0,
+            reveal_secrets: false,
         })
         .await
         .unwrap()

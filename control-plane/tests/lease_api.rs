@@ -351,6 +351,7 @@ async fn an_unreachable_state_store_is_unavailable() {
         .get_config(pb::GetConfigRequest {
             bridge_id: "b".into(),
             version: 0,
+            reveal_secrets: false,
         })
         .await
         .unwrap_err();

@@ -173,6 +173,33 @@ impl DlqFilter {
     }
 }
 
+impl std::fmt::Display for DlqFilter {
+    /// The filter as audit events show it: `route=r reason=expired
+    /// since=@1700000000` (times in Unix seconds), `everything` when empty.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secs = |t: SystemTime| {
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        };
+        let parts: Vec<String> = [
+            self.bridge_id.as_ref().map(|v| format!("bridge={v}")),
+            self.route_id.as_ref().map(|v| format!("route={v}")),
+            self.binding_id.as_ref().map(|v| format!("binding={v}")),
+            self.reason.map(|r| format!("reason={}", r.as_str())),
+            self.since.map(|t| format!("since=@{}", secs(t))),
+            self.until.map(|t| format!("until=@{}", secs(t))),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if parts.is_empty() {
+            f.write_str("everything")
+        } else {
+            f.write_str(&parts.join(" "))
+        }
+    }
+}
+
 impl From<&DlqFilter> for pb::DlqFilter {
     /// The `ferry.v1` form: `None` becomes an empty field (or UNSPECIFIED),
     /// so that [`DlqFilter::from_proto`] gives the same filter back.

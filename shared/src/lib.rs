@@ -2,6 +2,8 @@
 //!
 //! - [`auth`]: the principal an authenticated request carries and the
 //!   caller audit records name.
+//! - [`audit`]: the structured audit events (target `ferry::audit`) of what
+//!   operators change: configurations, dead letters, leases.
 //! - [`api`]: the generated `ferry.v1` gRPC messages, clients and servers
 //!   (from `proto/ferry/v1`), plus the encoded descriptor set for reflection.
 //! - [`envelope`]: the message as Ferry carries it, with the storage
@@ -19,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod dlq;

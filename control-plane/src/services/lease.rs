@@ -2,8 +2,15 @@
 //! decides and writes each grant in one transaction, so versions never
 //! repeat, also between replicas). The control plane decides time: every
 //! call reads [`Options::clock`](super::Options::clock), never the caller's.
+//!
+//! Audit: an acquire that changes the lease (granted, or refused with an
+//! error) and every release by an operator or admin writes one audit event.
+//! Agents' own acquires, renewals and releases are their routine work and
+//! are not audited (nor are renewals by anyone: they change no holder).
 
 use ferry_shared::api::v1 as pb;
+use ferry_shared::audit::{self, Action, Outcome};
+use ferry_shared::auth::{Caller, Role};
 use pb::lease_service_server::LeaseService;
 use tonic::{Request, Response, Status};
 
@@ -34,6 +41,22 @@ fn lease(lease: Lease) -> pb::Lease {
     }
 }
 
+/// Writes the audit event of a lease operation when an operator or admin
+/// made it.
+fn audit_lease<T>(caller: &Caller, action: Action, key: &str, result: &Result<T, Status>) {
+    if matches!(caller.principal.role, Role::Admin | Role::Operator) {
+        // The key is `{bridge}/{partition}`.
+        let bridge = key.split_once('/').map_or(key, |(bridge, _)| bridge);
+        audit::record(
+            caller,
+            action,
+            bridge,
+            &format!("key {key}"),
+            &Outcome::of(result),
+        );
+    }
+}
+
 fn require_version(version: u64) -> Result<(), Status> {
     if version == 0 {
         return Err(Status::invalid_argument(
@@ -43,13 +66,11 @@ fn require_version(version: u64) -> Result<(), Status> {
     Ok(())
 }
 
-#[tonic::async_trait]
-impl LeaseService for LeaseServiceImpl {
-    async fn acquire_lease(
+impl LeaseServiceImpl {
+    async fn acquire(
         &self,
-        request: Request<pb::AcquireLeaseRequest>,
-    ) -> Result<Response<pb::AcquireLeaseResponse>, Status> {
-        let request = request.into_inner();
+        request: &pb::AcquireLeaseRequest,
+    ) -> Result<pb::AcquireLeaseResponse, Status> {
         require("key", &request.key)?;
         require("holder", &request.holder)?;
         let ttl = positive_duration("ttl", request.ttl)?;
@@ -72,9 +93,43 @@ impl LeaseService for LeaseServiceImpl {
                 pb::acquire_lease_response::Outcome::HeldByOther(lease(held))
             }
         };
-        Ok(Response::new(pb::AcquireLeaseResponse {
+        Ok(pb::AcquireLeaseResponse {
             outcome: Some(outcome),
-        }))
+        })
+    }
+
+    async fn release(&self, request: &pb::ReleaseLeaseRequest) -> Result<(), Status> {
+        require("key", &request.key)?;
+        require("holder", &request.holder)?;
+        require_version(request.version)?;
+        self.ctx
+            .store
+            .release_lease(&request.key, &request.holder, request.version)
+            .await
+            .map_err(state_status)
+    }
+}
+
+#[tonic::async_trait]
+impl LeaseService for LeaseServiceImpl {
+    async fn acquire_lease(
+        &self,
+        request: Request<pb::AcquireLeaseRequest>,
+    ) -> Result<Response<pb::AcquireLeaseResponse>, Status> {
+        let caller = Caller::of(&request);
+        let request = request.into_inner();
+        let result = self.acquire(&request).await;
+        // A lease held by somebody else is left as it was: nothing to audit.
+        let held_by_other = result.as_ref().is_ok_and(|r| {
+            matches!(
+                r.outcome,
+                Some(pb::acquire_lease_response::Outcome::HeldByOther(_))
+            )
+        });
+        if !held_by_other {
+            audit_lease(&caller, Action::LeaseAcquire, &request.key, &result);
+        }
+        result.map(Response::new)
     }
 
     async fn renew_lease(
@@ -107,16 +162,11 @@ impl LeaseService for LeaseServiceImpl {
         &self,
         request: Request<pb::ReleaseLeaseRequest>,
     ) -> Result<Response<pb::ReleaseLeaseResponse>, Status> {
+        let caller = Caller::of(&request);
         let request = request.into_inner();
-        require("key", &request.key)?;
-        require("holder", &request.holder)?;
-        require_version(request.version)?;
-        self.ctx
-            .store
-            .release_lease(&request.key, &request.holder, request.version)
-            .await
-            .map_err(state_status)?;
-        Ok(Response::new(pb::ReleaseLeaseResponse {}))
+        let result = self.release(&request).await;
+        audit_lease(&caller, Action::LeaseRelease, &request.key, &result);
+        result.map(|()| Response::new(pb::ReleaseLeaseResponse {}))
     }
 
     async fn list_leases(

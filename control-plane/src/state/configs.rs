@@ -44,6 +44,7 @@ pub(crate) fn decide_apply(
         change_note: apply.change_note.clone(),
         created_at: now,
         digest: digest(&apply.yaml),
+        applied_by: apply.applied_by.clone(),
     }))
 }
 

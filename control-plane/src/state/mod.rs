@@ -16,7 +16,9 @@
 //!   version and never lose an update; with the same `expected_version`
 //!   exactly one wins, the other gets `Conflict` and nothing is stored.
 //!   Deleting a configuration deletes its history; applying it again starts
-//!   at version 1.
+//!   at version 1. Every stored version keeps who applied it
+//!   ([`AppliedBy`]); an unchanged apply keeps the author of the version it
+//!   matched.
 //! - **Lease fencing versions** strictly increase per key and never repeat:
 //!   every grant to a new holder is `last version + 1`, decided and written
 //!   in one transaction holding the key's row locked. The row is never
@@ -63,9 +65,9 @@ mod conformance;
 pub use error::{StateError, StateResult};
 pub use paging::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Page, PageRequest};
 pub use types::{
-    AgentBridgeEvent, AgentBridgeStatus, AgentHello, AgentRecord, AppliedConfig, ApplyConfig,
-    ConfigAckRecord, ConfigNackRecord, ConfigPushRecord, ConfigVersion, DlqEntry, DlqFilter,
-    DlqReason, DlqStat, Labels, Lease, LeaseAcquisition, MetricsRecord, StoredConfig,
+    AgentBridgeEvent, AgentBridgeStatus, AgentHello, AgentRecord, AppliedBy, AppliedConfig,
+    ApplyConfig, ConfigAckRecord, ConfigNackRecord, ConfigPushRecord, ConfigVersion, DlqEntry,
+    DlqFilter, DlqReason, DlqStat, Labels, Lease, LeaseAcquisition, MetricsRecord, StoredConfig,
 };
 
 /// The future every [`StateStore`] operation returns (boxed, so the trait
@@ -316,6 +318,7 @@ mod tests {
             selector: Labels::new(),
             change_note: String::new(),
             expected_version: None,
+            applied_by: AppliedBy::default(),
         };
         {
             let store = open_state_store(&url).await.unwrap();

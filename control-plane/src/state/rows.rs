@@ -9,7 +9,7 @@ use super::codec::{
 };
 use super::error::{StateError, StateResult};
 use super::types::{
-    AgentBridgeStatus, AgentRecord, ConfigAckRecord, ConfigNackRecord, ConfigPushRecord,
+    AgentBridgeStatus, AgentRecord, AppliedBy, ConfigAckRecord, ConfigNackRecord, ConfigPushRecord,
     ConfigVersion, DlqEntry, DlqReason, DlqStat, Lease, MetricsRecord, StoredConfig,
 };
 
@@ -32,6 +32,10 @@ pub(crate) fn config(row: &impl Row) -> StateResult<StoredConfig> {
         change_note: row.text(4)?,
         created_at: time_from_db(row.int(5)?)?,
         digest: row.text(6)?,
+        applied_by: AppliedBy {
+            principal: row.text(7)?,
+            client_address: row.text(8)?,
+        },
     })
 }
 
@@ -41,6 +45,10 @@ pub(crate) fn config_version(row: &impl Row) -> StateResult<ConfigVersion> {
         created_at: time_from_db(row.int(1)?)?,
         change_note: row.text(2)?,
         digest: row.text(3)?,
+        applied_by: AppliedBy {
+            principal: row.text(4)?,
+            client_address: row.text(5)?,
+        },
     })
 }
 

@@ -1,6 +1,6 @@
 //! The SQL both backends run, written once with SQLite's numbered
 //! placeholders (`?1`); the PostgreSQL backend rewrites them to `$1`. Both
-//! schemas use the same tables and columns (`*/schema_v1.sql`), and every
+//! schemas use the same tables and columns (`*/schema_v*.sql`), and every
 //! statement here is valid in both dialects. Reads that a write transaction
 //! must lock get `FOR UPDATE` appended on PostgreSQL only (SQLite's
 //! `BEGIN IMMEDIATE` already holds the database's write lock).
@@ -35,7 +35,7 @@ impl From<i64> for SqlArg {
 
 /// Columns read by `rows::config`.
 const CONFIG_COLUMNS: &str = "v.bridge_id, v.version, v.yaml, v.selector, v.change_note, \
-     v.created_at, v.digest";
+     v.created_at, v.digest, v.applied_by, v.client_address";
 
 pub(crate) const CONFIG_CURRENT_VERSION: &str = "SELECT version FROM configs WHERE bridge_id = ?1";
 
@@ -62,12 +62,12 @@ pub(crate) fn config_list() -> String {
 }
 
 /// `?2`: versions below this, `?3`: limit. Read by `rows::config_version`.
-pub(crate) const CONFIG_VERSIONS: &str = "SELECT version, created_at, change_note, digest \
-     FROM config_versions WHERE bridge_id = ?1 AND version < ?2 ORDER BY version DESC LIMIT ?3";
+pub(crate) const CONFIG_VERSIONS: &str = "SELECT version, created_at, change_note, digest, \
+     applied_by, client_address FROM config_versions WHERE bridge_id = ?1 AND version < ?2 ORDER BY version DESC LIMIT ?3";
 
 pub(crate) const CONFIG_INSERT_VERSION: &str = "INSERT INTO config_versions \
-     (bridge_id, version, yaml, selector, change_note, digest, created_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+     (bridge_id, version, yaml, selector, change_note, digest, created_at, applied_by, \
+     client_address) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
 
 pub(crate) const CONFIG_SET_CURRENT: &str = "INSERT INTO configs (bridge_id, version) \
      VALUES (?1, ?2) ON CONFLICT (bridge_id) DO UPDATE SET version = excluded.version";
@@ -213,6 +213,8 @@ pub(crate) fn config_insert_args(config: &StoredConfig) -> StateResult<Vec<SqlAr
         config.change_note.as_str().into(),
         config.digest.as_str().into(),
         time_to_db(config.created_at)?.into(),
+        config.applied_by.principal.as_str().into(),
+        config.applied_by.client_address.as_str().into(),
     ])
 }
 

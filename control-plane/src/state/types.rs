@@ -26,6 +26,19 @@ pub struct ApplyConfig {
     /// Compare-and-swap: `Some(n)` succeeds only if the current version is
     /// `n` (`Some(0)`: the configuration must not exist yet).
     pub expected_version: Option<u64>,
+    /// Who applies it; stored with the new version.
+    pub applied_by: AppliedBy,
+}
+
+/// Who stored a configuration version (issue 16): the audit record every
+/// version carries. Versions stored before the record existed (schema v1)
+/// read back with both fields empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppliedBy {
+    /// The principal's name (`alice`, `anonymous (insecure mode)`).
+    pub principal: String,
+    /// The client's address (`10.0.0.7:53122`); empty when unknown.
+    pub client_address: String,
 }
 
 /// One stored version of a bridge configuration.
@@ -45,6 +58,8 @@ pub struct StoredConfig {
     pub created_at: SystemTime,
     /// Lowercase hex SHA-256 of `yaml`.
     pub digest: String,
+    /// Who stored this version.
+    pub applied_by: AppliedBy,
 }
 
 /// The outcome of [`ApplyConfig`].
@@ -68,6 +83,8 @@ pub struct ConfigVersion {
     pub change_note: String,
     /// Lowercase hex SHA-256 of its document.
     pub digest: String,
+    /// Who stored it.
+    pub applied_by: AppliedBy,
 }
 
 // ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 //! - [`model`], [`transport`], [`store`], [`route`]: the document as serde types, unknown keys
 //!   denied, defaults named (`default_*` functions);
 //! - [`duration`]: durations written with units (`100ms`, `1s`, `15m`);
+//! - [`secret`]: the secret fields (passwords), printed and shown as `***`;
 //! - [`env`] and [`load`]: `${VAR}` / `${VAR:-default}` expansion on the raw text, then parsing
 //!   with line and column on errors;
 //! - [`validate()`]: the pure validator both halves run, returning every problem as
@@ -19,6 +20,7 @@ pub mod env;
 pub mod load;
 pub mod model;
 pub mod route;
+pub mod secret;
 pub mod store;
 pub mod transport;
 mod valid;
@@ -37,6 +39,7 @@ pub use route::{
     AckAfter, DeliveryMode, DispatchMode, DrainPoll, DrainStrategy, FailureAction, Policy,
     RetryBackoff, Route, RouteSession,
 };
+pub use secret::{MASK, Secret};
 pub use store::{DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, Stores};
 pub use transport::{
     Binding, MqttSession, ProtocolVersion, Receiver, Sender, Session, SqsSession, Transport,

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor, value::MapDeserializer};
 
 use super::duration::Duration;
+use super::secret::Secret;
 
 /// The three stores. Each may be absent; the validator says which routes need which.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -255,9 +256,10 @@ pub struct DynamoDbOutboxOptions {
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct PostgresOutboxOptions {
     /// Connection URL, `postgres://user:password@host:port/database` (use `${VAR}` for the
-    /// password). Required.
+    /// password). Required. A secret (it holds the password): printed as `***`, shown with its
+    /// password masked.
     #[serde(default)]
-    pub url: String,
+    pub url: Secret,
     /// Schema of the outbox table. Default `public`.
     #[serde(default = "default_postgres_schema")]
     pub schema: String,

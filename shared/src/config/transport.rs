@@ -13,6 +13,7 @@
 use serde::Deserialize;
 
 use super::duration::Duration;
+use super::secret::Secret;
 
 /// The kind of broker or service a session connects to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -80,9 +81,10 @@ pub struct SessionSettings {
     /// mqtt: user name.
     #[serde(default)]
     pub username: Option<String>,
-    /// mqtt: password (use `${VAR}` to keep it out of the file).
+    /// mqtt: password (use `${VAR}` to keep it out of the file). A secret: printed and shown
+    /// as `***`.
     #[serde(default)]
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// mqtt: `v5` (default) or `v3.1.1`.
     #[serde(default)]
     pub protocol_version: Option<ProtocolVersion>,
@@ -164,8 +166,8 @@ pub struct MqttSession {
     pub keep_alive: std::time::Duration,
     /// User name.
     pub username: Option<String>,
-    /// Password.
-    pub password: Option<String>,
+    /// Password (prints as `***`).
+    pub password: Option<Secret>,
     /// Protocol version.
     pub protocol_version: ProtocolVersion,
     /// Clean start.

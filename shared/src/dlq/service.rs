@@ -15,7 +15,10 @@
 //!   entry that failed (unknown, refused, unroutable, timed out) is kept and
 //!   its error reported in its outcome; when no entry could be routed at all
 //!   the call fails with `FAILED_PRECONDITION`;
-//! - backend errors become statuses in [`backend::status`].
+//! - backend errors become statuses in [`backend::status`];
+//! - redrive, delete and purge each write one audit event
+//!   ([`crate::audit`]) naming the caller, what was selected and the
+//!   outcome, also when refused.
 //!
 //! Authorization (issue 16) belongs here too, once per RPC, so that both
 //! halves check it the same way.
@@ -29,6 +32,8 @@ use super::backend::{self, DlqBackend, DlqBackendError, RedriveError};
 use super::{DlqFilter, DlqRequestError, check_purge_confirmed, check_written_entry, page_size};
 use crate::api::v1 as pb;
 use crate::api::v1::dlq_service_server::{DlqService, DlqServiceServer};
+use crate::audit::{self, Action, Outcome};
+use crate::auth::Caller;
 
 /// The service over one backend.
 pub struct DlqServer {
@@ -56,6 +61,54 @@ impl DlqServer {
                 "redelivered, but the entry could not be deleted (it may be redriven twice): {e}"
             ))),
         }
+    }
+
+    /// Redrives what the request selects; see the module documentation.
+    async fn redrive(
+        &self,
+        r: pb::RedriveDlqEntriesRequest,
+    ) -> Result<pb::RedriveDlqEntriesResponse, Status> {
+        let Selection { entries, truncated } = self.select(r).await?;
+        let mut outcomes = Vec::with_capacity(entries.len());
+        let (mut routed, mut unroutable) = (0usize, None);
+        for (id, entry) in entries {
+            let result = match entry {
+                Err(e) => Err(e.to_string()),
+                Ok(entry) => match self.redrive_one(&entry).await {
+                    Err(RedriveError::Unroutable(e)) => {
+                        unroutable.get_or_insert_with(|| e.clone());
+                        Err(e)
+                    }
+                    other => {
+                        routed += 1;
+                        other.map_err(|e| e.to_string())
+                    }
+                },
+            };
+            outcomes.push(pb::RedriveOutcome {
+                id,
+                ok: result.is_ok(),
+                error: result.err().unwrap_or_default(),
+            });
+        }
+        if let Some(first) = unroutable
+            && routed == 0
+        {
+            return Err(Status::failed_precondition(format!(
+                "nothing redriven: {first}"
+            )));
+        }
+        Ok(pb::RedriveDlqEntriesResponse {
+            outcomes,
+            truncated,
+        })
+    }
+
+    /// Purges what a confirmed request's filter selects; how many.
+    async fn purge(&self, r: pb::PurgeDlqEntriesRequest) -> Result<u64, Status> {
+        check_purge_confirmed(r.confirm).map_err(invalid)?;
+        let f = filter(r.filter)?;
+        self.backend.purge(&f).await.map_err(backend::status)
     }
 
     /// The entries a redrive selects: by `ids`, or else by a non-empty
@@ -95,6 +148,26 @@ impl DlqServer {
         }
         Ok(Selection { entries, truncated })
     }
+}
+
+/// What a redrive or purge selects, as its audit event names it: the bridge
+/// of the filter, and the ids or the filter.
+fn audit_subject(ids: &[String], f: Option<&pb::DlqFilter>) -> (String, String) {
+    let parsed = DlqFilter::from_proto(f.cloned());
+    let bridge = parsed
+        .as_ref()
+        .ok()
+        .and_then(|f| f.bridge_id.clone())
+        .unwrap_or_default();
+    let subject = if !ids.is_empty() {
+        format!("ids {}", ids.join(","))
+    } else {
+        match parsed {
+            Ok(f) => format!("filter {f}"),
+            Err(e) => format!("filter ({e})"),
+        }
+    };
+    (bridge, subject)
 }
 
 /// A refused request: `INVALID_ARGUMENT` naming the field.
@@ -181,61 +254,68 @@ impl DlqService for DlqServer {
         &self,
         request: Request<pb::RedriveDlqEntriesRequest>,
     ) -> Result<Response<pb::RedriveDlqEntriesResponse>, Status> {
-        let Selection { entries, truncated } = self.select(request.into_inner()).await?;
-        let mut outcomes = Vec::with_capacity(entries.len());
-        let (mut routed, mut unroutable) = (0usize, None);
-        for (id, entry) in entries {
-            let result = match entry {
-                Err(e) => Err(e.to_string()),
-                Ok(entry) => match self.redrive_one(&entry).await {
-                    Err(RedriveError::Unroutable(e)) => {
-                        unroutable.get_or_insert_with(|| e.clone());
-                        Err(e)
-                    }
-                    other => {
-                        routed += 1;
-                        other.map_err(|e| e.to_string())
-                    }
-                },
-            };
-            outcomes.push(pb::RedriveOutcome {
-                id,
-                ok: result.is_ok(),
-                error: result.err().unwrap_or_default(),
-            });
-        }
-        if let Some(first) = unroutable
-            && routed == 0
-        {
-            return Err(Status::failed_precondition(format!(
-                "nothing redriven: {first}"
-            )));
-        }
-        Ok(Response::new(pb::RedriveDlqEntriesResponse {
-            outcomes,
-            truncated,
-        }))
+        let caller = Caller::of(&request);
+        let r = request.into_inner();
+        let (bridge, subject) = audit_subject(&r.ids, r.filter.as_ref());
+        let result = self.redrive(r).await;
+        let subject = match &result {
+            Ok(done) => {
+                let ok = done.outcomes.iter().filter(|o| o.ok).count();
+                let failed = done.outcomes.len() - ok;
+                format!("{subject}: {ok} redriven, {failed} failed")
+            }
+            Err(_) => subject,
+        };
+        audit::record(
+            &caller,
+            Action::DlqRedrive,
+            &bridge,
+            &subject,
+            &Outcome::of(&result),
+        );
+        result.map(Response::new)
     }
 
     async fn delete_dlq_entry(
         &self,
         request: Request<pb::DeleteDlqEntryRequest>,
     ) -> Result<Response<pb::DeleteDlqEntryResponse>, Status> {
+        let caller = Caller::of(&request);
         let id = request.into_inner().id;
-        require_id("id", &id)?;
-        self.backend.delete(&id).await.map_err(backend::status)?;
-        Ok(Response::new(pb::DeleteDlqEntryResponse {}))
+        let result = match require_id("id", &id) {
+            Ok(()) => self.backend.delete(&id).await.map_err(backend::status),
+            Err(refused) => Err(refused),
+        };
+        audit::record(
+            &caller,
+            Action::DlqDelete,
+            "",
+            &format!("id {id}"),
+            &Outcome::of(&result),
+        );
+        result.map(|()| Response::new(pb::DeleteDlqEntryResponse {}))
     }
 
     async fn purge_dlq_entries(
         &self,
         request: Request<pb::PurgeDlqEntriesRequest>,
     ) -> Result<Response<pb::PurgeDlqEntriesResponse>, Status> {
+        let caller = Caller::of(&request);
         let r = request.into_inner();
-        check_purge_confirmed(r.confirm).map_err(invalid)?;
-        let f = filter(r.filter)?;
-        let purged = self.backend.purge(&f).await.map_err(backend::status)?;
-        Ok(Response::new(pb::PurgeDlqEntriesResponse { purged }))
+        let (bridge, subject) = audit_subject(&[], r.filter.as_ref());
+        let result = self.purge(r).await;
+        let subject = match &result {
+            Ok(purged) => format!("{subject}: {purged} purged"),
+            Err(_) => subject,
+        };
+        audit::record(
+            &caller,
+            Action::DlqPurge,
+            &bridge,
+            &subject,
+            &Outcome::of(&result),
+        );
+        result.map(|purged| Response::new(pb::PurgeDlqEntriesResponse { purged }))
     }
 
     async fn get_dlq_stats(

@@ -303,7 +303,11 @@ pub(crate) fn create(
             if let Some(username) = &settings.username {
                 options.set_credentials(
                     username.clone(),
-                    settings.password.clone().unwrap_or_default(),
+                    settings
+                        .password
+                        .as_ref()
+                        .map(|p| p.expose().to_owned())
+                        .unwrap_or_default(),
                 );
             }
             if let Some(receiver) = receiver {
@@ -331,7 +335,11 @@ pub(crate) fn create(
             if let Some(username) = &settings.username {
                 options.set_credentials(
                     username.clone(),
-                    settings.password.clone().unwrap_or_default(),
+                    settings
+                        .password
+                        .as_ref()
+                        .map(|p| p.expose().to_owned())
+                        .unwrap_or_default(),
                 );
             }
             if receiver.is_some() {

@@ -8,6 +8,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ferry_shared::config::Secret;
+
 /// The largest packet MQTT can carry (the variable byte integer limit).
 pub const MQTT_MAX_PACKET_BYTES: u32 = 268_435_455;
 
@@ -51,8 +53,8 @@ pub struct MqttSessionSettings {
     pub keep_alive: Duration,
     /// User name, if the broker requires one.
     pub username: Option<String>,
-    /// Password (needs a user name).
-    pub password: Option<String>,
+    /// Password (needs a user name); prints as `***`.
+    pub password: Option<Secret>,
     /// Allows a user name / password on a plain (non-TLS) connection.
     pub allow_plaintext_credentials: bool,
     /// Protocol version.

@@ -61,8 +61,10 @@ pub async fn apply(
     output::object(out, &view, ConfigView::pairs)
 }
 
-/// `ferryctl get configs`: the current version of every configuration.
-pub async fn list(channel: Channel, out: Format) -> anyhow::Result<()> {
+/// `ferryctl get configs`: the current version of every configuration; with
+/// `-o json|yaml` each with its document (secrets masked by the control
+/// plane unless `show_secrets`, which needs the admin role).
+pub async fn list(channel: Channel, out: Format, show_secrets: bool) -> anyhow::Result<()> {
     let client = ConfigServiceClient::new(channel);
     let configs = all_pages(|page_token| {
         let mut client = client.clone();
@@ -71,6 +73,7 @@ pub async fn list(channel: Channel, out: Format) -> anyhow::Result<()> {
                 .list_configs(pb::ListConfigsRequest {
                     page_size: 0,
                     page_token,
+                    reveal_secrets: show_secrets,
                 })
                 .await
         }
@@ -78,25 +81,27 @@ pub async fn list(channel: Channel, out: Format) -> anyhow::Result<()> {
     .await?;
     let rows: Vec<ConfigView> = configs
         .into_iter()
-        .map(|c| ConfigView::new(c, false))
+        .map(|c| ConfigView::new(c, out != Format::Table))
         .collect();
     output::list(out, &rows)
 }
 
 /// `ferryctl get routes`: the routes of a configuration's current version.
 pub async fn routes(channel: Channel, out: Format, bridge_id: String) -> anyhow::Result<()> {
-    let stored = get(channel, bridge_id, None).await?;
+    let stored = get(channel, bridge_id, None, false).await?;
     output::list(out, &RouteView::from_document(&stored.yaml)?)
 }
 
-/// `ferryctl describe config`: one version with its document.
+/// `ferryctl describe config`: one version with its document (secrets
+/// masked unless `show_secrets`).
 pub async fn describe(
     channel: Channel,
     out: Format,
     bridge_id: String,
     version: Option<u64>,
+    show_secrets: bool,
 ) -> anyhow::Result<()> {
-    let config = get(channel, bridge_id, version).await?;
+    let config = get(channel, bridge_id, version, show_secrets).await?;
     output::object(out, &ConfigView::new(config, true), ConfigView::pairs)
 }
 
@@ -166,11 +171,13 @@ async fn get(
     channel: Channel,
     bridge_id: String,
     version: Option<u64>,
+    show_secrets: bool,
 ) -> anyhow::Result<pb::BridgeConfig> {
     ConfigServiceClient::new(channel)
         .get_config(pb::GetConfigRequest {
             bridge_id,
             version: version.unwrap_or(0),
+            reveal_secrets: show_secrets,
         })
         .await?
         .into_inner()
@@ -235,6 +242,8 @@ struct ConfigView {
     selector: BTreeMap<String, String>,
     created_at: String,
     change_note: String,
+    applied_by: String,
+    client_address: String,
     #[serde(skip_serializing_if = "String::is_empty")]
     yaml: String,
 }
@@ -250,6 +259,8 @@ impl ConfigView {
                 .unwrap_or_default(),
             created_at: timestamp(config.created_at.as_ref()),
             change_note: config.change_note,
+            applied_by: config.applied_by,
+            client_address: config.client_address,
             yaml: if with_yaml {
                 config.yaml
             } else {
@@ -265,6 +276,10 @@ impl ConfigView {
             ("selector", labels(&self.selector)),
             ("created", self.created_at.clone()),
             ("note", self.change_note.clone()),
+            (
+                "applied by",
+                applied_by(&self.applied_by, &self.client_address),
+            ),
             ("document", self.yaml.clone()),
         ]
     }
@@ -282,11 +297,23 @@ impl Row for ConfigView {
     }
 }
 
+/// Who applied a version, as tables show it: `alice from 10.0.0.7:53122`;
+/// `-` for versions stored before the control plane recorded it.
+fn applied_by(principal: &str, client_address: &str) -> String {
+    match (principal, client_address) {
+        ("", _) => "-".to_owned(),
+        (principal, "") => principal.to_owned(),
+        (principal, address) => format!("{principal} from {address}"),
+    }
+}
+
 /// One entry of a configuration's history.
 #[derive(Debug, Serialize)]
 struct VersionView {
     version: u64,
     created_at: String,
+    applied_by: String,
+    client_address: String,
     digest: String,
     change_note: String,
 }
@@ -296,6 +323,8 @@ impl From<pb::ConfigVersion> for VersionView {
         VersionView {
             version: v.version,
             created_at: timestamp(v.created_at.as_ref()),
+            applied_by: v.applied_by,
+            client_address: v.client_address,
             digest: v.digest,
             change_note: v.change_note,
         }
@@ -303,11 +332,13 @@ impl From<pb::ConfigVersion> for VersionView {
 }
 
 impl Row for VersionView {
-    const HEADERS: &'static [&'static str] = &["VERSION", "CREATED", "DIGEST", "NOTE"];
+    const HEADERS: &'static [&'static str] =
+        &["VERSION", "CREATED", "APPLIED BY", "DIGEST", "NOTE"];
     fn cells(&self) -> Vec<String> {
         vec![
             self.version.to_string(),
             self.created_at.clone(),
+            applied_by(&self.applied_by, &self.client_address),
             self.digest.chars().take(12).collect(),
             self.change_note.clone(),
         ]

@@ -139,8 +139,13 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum Get {
-    /// Configurations (current versions).
-    Configs,
+    /// Configurations (current versions); `-o json|yaml` includes each
+    /// document, its secrets masked.
+    Configs {
+        /// Show the documents' secrets as stored (needs the admin role).
+        #[arg(long)]
+        show_secrets: bool,
+    },
     /// The routes of one configuration (current version).
     Routes {
         /// The configuration's bridge id.
@@ -182,6 +187,9 @@ enum Describe {
         /// A version other than the current one.
         #[arg(long)]
         version: Option<u64>,
+        /// Show the document's secrets as stored (needs the admin role).
+        #[arg(long)]
+        show_secrets: bool,
     },
     /// An agent, with the status (ACK / NACK and error) of each configuration.
     Agent {
@@ -324,7 +332,9 @@ async fn run(endpoint: &str, out: Format, command: Command) -> anyhow::Result<()
             .await
         }
         Command::Get { what } => match what {
-            Get::Configs => configs::list(channel().await?, out).await,
+            Get::Configs { show_secrets } => {
+                configs::list(channel().await?, out, show_secrets).await
+            }
             Get::Routes { config } => configs::routes(channel().await?, out, config).await,
             Get::Agents {
                 watch: false,
@@ -340,9 +350,11 @@ async fn run(endpoint: &str, out: Format, command: Command) -> anyhow::Result<()
             }
         },
         Command::Describe { what } => match what {
-            Describe::Config { id, version } => {
-                configs::describe(channel().await?, out, id, version).await
-            }
+            Describe::Config {
+                id,
+                version,
+                show_secrets,
+            } => configs::describe(channel().await?, out, id, version, show_secrets).await,
             Describe::Agent { id } => agents::describe(channel().await?, out, id).await,
         },
         Command::History { config } => configs::history(channel().await?, out, config).await,

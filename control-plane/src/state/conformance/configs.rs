@@ -2,7 +2,7 @@
 
 use super::{TestBackend, id};
 use crate::state::codec::digest;
-use crate::state::{ApplyConfig, Labels, PageRequest, StateError, StateStore};
+use crate::state::{AppliedBy, ApplyConfig, Labels, PageRequest, StateError, StateStore};
 
 fn apply(bridge_id: &str, yaml: &str) -> ApplyConfig {
     ApplyConfig {
@@ -11,6 +11,14 @@ fn apply(bridge_id: &str, yaml: &str) -> ApplyConfig {
         selector: Labels::from([("site".to_owned(), "north".to_owned())]),
         change_note: format!("apply {yaml}"),
         expected_version: None,
+        applied_by: author("alice"),
+    }
+}
+
+fn author(principal: &str) -> AppliedBy {
+    AppliedBy {
+        principal: principal.to_owned(),
+        client_address: "192.0.2.7:53122".to_owned(),
     }
 }
 
@@ -43,10 +51,17 @@ pub(crate) async fn config_unchanged_apply_keeps_version(backend: &impl TestBack
     let store = backend.open().await;
     let bridge = id("bridge");
     store.apply_config(apply(&bridge, "a: 1")).await.unwrap();
-    let again = store.apply_config(apply(&bridge, "a: 1")).await.unwrap();
+    let mut by_bob = apply(&bridge, "a: 1");
+    by_bob.applied_by = author("bob");
+    let again = store.apply_config(by_bob).await.unwrap();
     assert!(!again.changed);
     assert_eq!(again.config.version, 1);
     assert_eq!(again.config.change_note, "apply a: 1");
+    assert_eq!(
+        again.config.applied_by,
+        author("alice"),
+        "nothing stored, nor its author"
+    );
 
     let mut other_selector = apply(&bridge, "a: 1");
     other_selector.selector.insert("tier".into(), "edge".into());
@@ -139,6 +154,7 @@ pub(crate) async fn config_history_newest_first_and_paged(backend: &impl TestBac
     for entry in &seen {
         assert_eq!(entry.digest, digest(&format!("n: {}", entry.version)));
         assert_eq!(entry.change_note, format!("apply n: {}", entry.version));
+        assert_eq!(entry.applied_by, author("alice"));
     }
     assert!(matches!(
         store
@@ -165,10 +181,17 @@ pub(crate) async fn config_rollback_by_reapply(backend: &impl TestBackend) {
         selector: old.selector,
         change_note: "rollback to 1".into(),
         expected_version: Some(2),
+        applied_by: author("carol"),
     };
     let v3 = store.apply_config(rollback).await.unwrap();
     assert!(v3.changed);
     assert_eq!(v3.config.version, 3);
+    assert_eq!(v3.config.applied_by, author("carol"));
+    assert_eq!(
+        store.get_config(&bridge, Some(1)).await.unwrap().applied_by,
+        author("alice"),
+        "a rollback names its own author, the old version keeps its"
+    );
     assert_eq!(
         (v3.config.yaml.as_str(), &v3.config.digest),
         ("a: 1", &v1.digest)
@@ -265,4 +288,40 @@ pub(crate) async fn config_rejects_invalid_requests(backend: &impl TestBackend) 
         store.apply_config(apply("", "a: 1")).await,
         Err(StateError::Invalid(_))
     ));
+}
+
+/// A database written by a build before the audit record (schema v1) is
+/// migrated when opened: its versions read back with no author, and new
+/// versions record theirs.
+pub(crate) async fn config_versions_from_schema_v1_migrate(backend: &impl TestBackend) {
+    let bridge = id("bridge");
+    backend
+        .execute_raw(&format!(
+            "{schema}\n\
+             CREATE TABLE ferry_schema (version BIGINT NOT NULL);\n\
+             INSERT INTO ferry_schema (version) VALUES (1);\n\
+             INSERT INTO config_versions \
+             (bridge_id, version, yaml, selector, change_note, digest, created_at) \
+             VALUES ('{bridge}', 1, 'a: 1', '{{}}', 'old', '{digest}', 1700000000000);\n\
+             INSERT INTO configs (bridge_id, version) VALUES ('{bridge}', 1);",
+            schema = <_ as TestBackend>::schema_v1(backend),
+            digest = digest("a: 1"),
+        ))
+        .await;
+    let store = backend.open().await;
+    let old = store.get_config(&bridge, None).await.unwrap();
+    assert_eq!((old.version, old.yaml.as_str()), (1, "a: 1"));
+    assert_eq!(old.applied_by, AppliedBy::default());
+    let applied = store.apply_config(apply(&bridge, "a: 2")).await.unwrap();
+    assert_eq!(applied.config.version, 2);
+    let history = store
+        .list_config_versions(&bridge, PageRequest::default())
+        .await
+        .unwrap();
+    let authors: Vec<&str> = history
+        .items
+        .iter()
+        .map(|v| v.applied_by.principal.as_str())
+        .collect();
+    assert_eq!(authors, ["alice", ""]);
 }

@@ -30,6 +30,13 @@ pub(crate) trait TestBackend: Send + Sync + Sized + 'static {
     /// earlier ones (a new connection or pool): a restarted control plane,
     /// or another replica.
     fn open(&self) -> impl Future<Output = Self::Store> + Send;
+
+    /// The backend's first schema, as a build before any migration wrote it.
+    fn schema_v1(&self) -> &'static str;
+
+    /// Runs SQL statements on the storage directly, bypassing the store (to
+    /// set up a database an older build wrote).
+    fn execute_raw(&self, sql: &str) -> impl Future<Output = ()> + Send;
 }
 
 /// A random id with a readable prefix.
@@ -56,6 +63,7 @@ macro_rules! state_store_suite {
             configs::config_delete_removes_history,
             configs::config_list_is_paged_by_bridge_id,
             configs::config_rejects_invalid_requests,
+            configs::config_versions_from_schema_v1_migrate,
             agents::agent_hello_heartbeat_disconnect,
             agents::agent_bridge_status,
             leases::lease_versions_strictly_increase,

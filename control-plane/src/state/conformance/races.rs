@@ -115,6 +115,7 @@ pub(crate) async fn race_same_expected_version_exactly_one_wins(backend: &impl T
             selector: Default::default(),
             change_note: String::new(),
             expected_version: None,
+            applied_by: Default::default(),
         };
         // Round 0 races the creation itself (expected 0).
         let expected = if round == 0 {
@@ -202,6 +203,7 @@ pub(crate) async fn race_two_stores_never_repeat_a_config_version(backend: &impl
             selector: Default::default(),
             change_note: format!("replica {}", n % 2),
             expected_version: None,
+            applied_by: Default::default(),
         };
         tasks.push(tokio::spawn(async move { store.apply_config(apply).await }));
     }

@@ -27,7 +27,7 @@ use tokio_postgres::error::SqlState;
 use super::error::{StateError, StateResult};
 
 /// Schema migrations, in order; the schema version is the number applied.
-const MIGRATIONS: &[&str] = &[include_str!("schema_v1.sql")];
+const MIGRATIONS: &[&str] = &[include_str!("schema_v1.sql"), include_str!("schema_v2.sql")];
 
 /// Serializes schema migrations of replicas starting at once.
 const MIGRATION_LOCK: i64 = 0x0046_6572_7279; // "Ferry"
@@ -248,6 +248,14 @@ mod tests {
             PostgresStore::connect(self.database.url())
                 .await
                 .expect("connect postgres store")
+        }
+
+        fn schema_v1(&self) -> &'static str {
+            super::MIGRATIONS[0]
+        }
+
+        async fn execute_raw(&self, sql: &str) {
+            self.database.execute(sql).await;
         }
     }
 

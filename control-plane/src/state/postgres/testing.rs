@@ -42,6 +42,13 @@ impl TestDatabase {
     pub(crate) fn url(&self) -> &str {
         &self.url
     }
+
+    /// Runs statements in the database; panics (failing the test) on error.
+    pub(crate) async fn execute(&self, statements: &str) {
+        admin_execute(&self.url, statements)
+            .await
+            .unwrap_or_else(|e| panic!("executing on {}: {e}", self.name));
+    }
 }
 
 impl Drop for TestDatabase {

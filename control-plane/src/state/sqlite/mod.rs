@@ -26,7 +26,7 @@ mod store;
 use query::{exec, query_all, query_opt};
 
 /// Schema migrations, in order; the schema version is the number applied.
-const MIGRATIONS: &[&str] = &[include_str!("schema_v1.sql")];
+const MIGRATIONS: &[&str] = &[include_str!("schema_v1.sql"), include_str!("schema_v2.sql")];
 
 /// How long a write waits for another process holding the file's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -217,6 +217,16 @@ mod tests {
             SqliteStore::open(self.dir.path().join("state.db"))
                 .await
                 .expect("open sqlite store")
+        }
+
+        fn schema_v1(&self) -> &'static str {
+            super::MIGRATIONS[0]
+        }
+
+        async fn execute_raw(&self, sql: &str) {
+            rusqlite::Connection::open(self.dir.path().join("state.db"))
+                .and_then(|conn| conn.execute_batch(sql))
+                .expect("raw sqlite statements");
         }
     }
 

@@ -57,7 +57,8 @@ impl Validator<'_> {
                 self.optional_http(format!("{base}.endpoint_url"), o.endpoint_url.as_deref());
             }
             OutboxStoreConfig::Postgres(o) => {
-                if !(o.url.starts_with("postgres://") || o.url.starts_with("postgresql://")) {
+                let url = o.url.expose();
+                if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
                     self.error(
                         format!("{base}.url"),
                         "must be a postgres:// or postgresql:// URL",

@@ -795,6 +795,21 @@ fn plaintext_credentials_need_opt_in() {
 }
 
 #[test]
+fn a_masked_password_is_refused() {
+    let errs = errors(|c| {
+        let s = &mut c.sessions[0].options.session;
+        s.broker_url = Some("mqtts://b".into());
+        s.username = Some("u".into());
+        s.password = Some("***".into());
+    });
+    assert_only(
+        &errs,
+        "sessions[0].options.session.password",
+        "is the mask `***`",
+    );
+}
+
+#[test]
 fn tls_files_need_a_tls_url_and_come_in_pairs() {
     let errs = errors(|c| {
         c.sessions[0].options.session.ca_file = Some("/ca.pem".into());

@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 
 use super::super::duration::Duration;
+use super::super::secret::MASK;
 use super::super::transport::{ProtocolVersion, Sender, SessionSettings, Transport};
 use super::{Validator, syntax};
 
@@ -102,6 +103,12 @@ impl Validator<'_> {
                     format!("must be at most {}s (MQTT's limit)", u32::MAX),
                 );
             }
+        }
+        if s.password.as_ref().is_some_and(|p| p.expose() == MASK) {
+            self.error(
+                format!("{base}.password"),
+                "is the mask `***` that a masked document shows, not the password: apply the original document (or one read with --show-secrets)",
+            );
         }
         if version == ProtocolVersion::V311 && s.password.is_some() && s.username.is_none() {
             self.error(

@@ -440,3 +440,106 @@ async fn a_redrive_takes_the_default_limit_and_says_when_it_truncated() {
     assert!(!response.truncated);
     assert_eq!(lock(&memory.sizes).last(), Some(&MAX_PAGE_SIZE));
 }
+
+#[tokio::test]
+async fn redrive_delete_and_purge_each_write_one_audit_event() {
+    let (captured, _guard) = crate::audit::capture::start();
+    let (service, _memory) = service(Memory::default(), 3).await;
+    let request = as_alice(pb::RedriveDlqEntriesRequest {
+        ids: vec!["e000".into()],
+        filter: None,
+        limit: 0,
+    });
+    service
+        .redrive_dlq_entries(request)
+        .await
+        .expect("redriven");
+    let request = as_alice(pb::DeleteDlqEntryRequest { id: "e001".into() });
+    service.delete_dlq_entry(request).await.expect("deleted");
+    let refused = service
+        .purge_dlq_entries(Request::new(pb::PurgeDlqEntriesRequest {
+            filter: Some(pb::DlqFilter {
+                bridge_id: "b".into(),
+                ..by_route("r")
+            }),
+            confirm: false,
+        }))
+        .await;
+    assert!(refused.is_err());
+    service
+        .purge_dlq_entries(Request::new(pb::PurgeDlqEntriesRequest {
+            filter: Some(by_route("r")),
+            confirm: true,
+        }))
+        .await
+        .expect("purged");
+    // Reads and agents' writes are not audited.
+    write(&service, entry("e009", "r", "x"))
+        .await
+        .expect("written");
+    get_dlq_stats(&service).await;
+
+    let events = captured.events();
+    let summary: Vec<[&str; 5]> = events
+        .iter()
+        .map(|e| {
+            [
+                e["action"].as_str(),
+                e["principal"].as_str(),
+                e["bridge"].as_str(),
+                e["subject"].as_str(),
+                e["outcome"].as_str(),
+            ]
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            [
+                "dlq.redrive",
+                "alice",
+                "",
+                "ids e000: 1 redriven, 0 failed",
+                "ok"
+            ],
+            ["dlq.delete", "alice", "", "id e001", "ok"],
+            [
+                "dlq.purge",
+                "unauthenticated",
+                "b",
+                "filter bridge=b route=r",
+                "error: InvalidArgument: confirm: must be true; a purge deletes entries for good"
+            ],
+            [
+                "dlq.purge",
+                "unauthenticated",
+                "",
+                "filter route=r: 1 purged",
+                "ok"
+            ],
+        ]
+    );
+    assert!(
+        events
+            .iter()
+            .all(|e| e["role"] != "" && e.contains_key("client"))
+    );
+}
+
+/// A request the authentication layer attributed to operator `alice`.
+fn as_alice<T>(message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request.extensions_mut().insert(crate::auth::Principal {
+        name: "alice".into(),
+        role: crate::auth::Role::Operator,
+        agent_id: None,
+    });
+    request
+}
+
+async fn get_dlq_stats(service: &DlqServer) {
+    service
+        .get_dlq_stats(Request::new(pb::GetDlqStatsRequest { filter: None }))
+        .await
+        .expect("stats");
+}
