@@ -14,6 +14,7 @@ use clap::Parser;
 use ferry_control_plane::server::ControlPlane;
 use ferry_control_plane::services::Options;
 use ferry_control_plane::state::{StateUrl, open_state_store};
+use ferry_shared::config::secret::mask_url;
 use ferry_shared::os::{self, ListenError};
 use tokio::net::TcpListener;
 use tracing::info;
@@ -91,8 +92,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     create_state_dir(&state_url)?;
     let store = open_state_store(&state_url)
         .await
-        .with_context(|| format!("opening the state store {}", redact(&state_url)))?;
-    info!(state = %redact(&state_url), "state store open");
+        .with_context(|| format!("opening the state store {}", mask_url(&state_url)))?;
+    info!(state = %mask_url(&state_url), "state store open");
 
     let listener = bind(args.listen, "gRPC listener", "--listen").await?;
     let local = listener.local_addr().context("reading the bound address")?;
@@ -158,20 +159,6 @@ async fn bind(
         flag,
         error,
     })
-}
-
-/// The state URL without its password, for logs.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -28,3 +28,4 @@ mod ferryctl;
 mod first_run;
 mod harness_selftest;
 mod quickstart;
+mod secrets;

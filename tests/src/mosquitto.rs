@@ -11,6 +11,10 @@
 //! every `autosave_interval` seconds, so after [`Mosquitto::kill`] (SIGKILL) recent session state
 //! is lost, as with a real crash; add `autosave_interval 1` with
 //! [`MosquittoBuilder::config_line`] to narrow that window.
+//!
+//! [`MosquittoBuilder::user`] adds a user with a password (hashed into a password file with
+//! `mosquitto_passwd`): a client that names that user must give its password, while clients
+//! without a user name stay anonymous, so test publishers and collectors need no credentials.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -27,6 +31,8 @@ use crate::wait;
 /// How long a broker may take to accept connections, or to shut down on SIGTERM.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The password file's name in the broker's directory.
+const PASSWORD_FILE: &str = "passwords";
 /// Attempts on new ports when another process takes the free port first.
 const START_ATTEMPTS: usize = 5;
 
@@ -35,6 +41,7 @@ const START_ATTEMPTS: usize = 5;
 pub struct MosquittoBuilder {
     persistence: bool,
     extra: Vec<String>,
+    users: Vec<(String, String)>,
 }
 
 impl MosquittoBuilder {
@@ -49,6 +56,12 @@ impl MosquittoBuilder {
     /// block, one line per call).
     pub fn config_line(mut self, line: impl Into<String>) -> Self {
         self.extra.push(line.into());
+        self
+    }
+
+    /// Adds a user that must authenticate with `password` (repeatable).
+    pub fn user(mut self, name: impl Into<String>, password: impl Into<String>) -> Self {
+        self.users.push((name.into(), password.into()));
         self
     }
 
@@ -71,6 +84,7 @@ impl MosquittoBuilder {
             };
             std::fs::write(&broker.config_path, self.config(&broker))
                 .with_context(|| format!("writing {}", broker.config_path.display()))?;
+            self.write_password_file(&broker)?;
             match broker.launch().await {
                 Ok(()) => return Ok(broker),
                 // Another process took the port between `free_port` and the bind: try another.
@@ -113,11 +127,50 @@ impl MosquittoBuilder {
         } else {
             config.push_str("persistence false\n");
         }
+        if !self.users.is_empty() {
+            config.push_str(&format!(
+                "password_file {}\n",
+                broker.dir.path().join(PASSWORD_FILE).display()
+            ));
+        }
         for line in &self.extra {
             config.push_str(line);
             config.push('\n');
         }
         config
+    }
+
+    /// Writes the users as `name:password` lines and has `mosquitto_passwd -U` hash them in
+    /// place.
+    fn write_password_file(&self, broker: &Mosquitto) -> anyhow::Result<()> {
+        if self.users.is_empty() {
+            return Ok(());
+        }
+        let path = broker.dir.path().join(PASSWORD_FILE);
+        let lines: String = self
+            .users
+            .iter()
+            .map(|(name, password)| format!("{name}:{password}\n"))
+            .collect();
+        std::fs::write(&path, lines).with_context(|| format!("writing {}", path.display()))?;
+        let binary = broker.binary.with_file_name("mosquitto_passwd");
+        let binary = if binary.is_file() {
+            binary
+        } else {
+            PathBuf::from("mosquitto_passwd")
+        };
+        let output = Command::new(&binary)
+            .arg("-U")
+            .arg(&path)
+            .output()
+            .with_context(|| format!("running {}", binary.display()))?;
+        if !output.status.success() {
+            bail!(
+                "mosquitto_passwd -U failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(())
     }
 }
 
@@ -138,6 +191,7 @@ impl Mosquitto {
         MosquittoBuilder {
             persistence: true,
             extra: Vec::new(),
+            users: Vec::new(),
         }
     }
 

@@ -176,6 +176,17 @@ fn url_password(url: &str) -> Option<(&str, &str, &str)> {
     Some((&url[..start], &url[start..end], &url[end..]))
 }
 
+/// A URL as messages may show it: the password of a `user:password@` part
+/// replaced by [`MASK`] (whatever field the URL was given in).
+pub fn mask_url(url: &str) -> String {
+    match url_password(url) {
+        Some((before, password, after)) if !password.is_empty() => {
+            format!("{before}{MASK}{after}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// Masks the secrets of a document given as YAML text. The text comes back
 /// unchanged when it holds none (comments and layout kept); otherwise it is
 /// re-serialized with every secret replaced by [`MASK`] (comments dropped).
@@ -250,6 +261,14 @@ stores:
             "postgres://ferry@db/ferry"
         );
         assert_eq!(value["sessions"][0]["options"]["session"]["username"], "u");
+    }
+
+    #[test]
+    fn a_url_is_shown_without_its_password() {
+        assert_eq!(mask_url("mqtt://u:hunter2@h:1883"), "mqtt://u:***@h:1883");
+        assert_eq!(mask_url("mqtt://u@h"), "mqtt://u@h");
+        // A raw `/` may be part of a password, so an `@` in the path errs on the safe side.
+        assert_eq!(mask_url("tcp://h:1883/a@b"), "tcp://h:***@b");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Shape checks shared by the rules: URLs, MQTT topics, SQS queue names. Each returns the
 //! problem as a message.
 
+use super::super::secret::mask_url;
+
 /// The parts of a `scheme://host[:port][/path]` URL that the rules look at.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Url<'a> {
@@ -10,8 +12,13 @@ pub(super) struct Url<'a> {
     pub path: &'a str,
 }
 
-/// Parses `scheme://host[:port][/path]` without user info, query or fragment.
+/// Parses `scheme://host[:port][/path]` without user info, query or fragment. A URL that
+/// carries a password (refused) is named in the message with the password masked.
 pub(super) fn url(s: &str) -> Result<Url<'_>, String> {
+    parse_url(s).map_err(|message| message.replace(s, &mask_url(s)))
+}
+
+fn parse_url(s: &str) -> Result<Url<'_>, String> {
     let Some((scheme, rest)) = s.split_once("://") else {
         return Err(format!(
             "\"{s}\" is not a URL (expected scheme://host[:port])"
@@ -261,6 +268,21 @@ mod tests {
         assert!(url("tcp://host:port").is_err());
         assert!(url("tcp://user:pw@host").is_err());
         assert!(url("tcp://ho st").is_err());
+    }
+
+    #[test]
+    fn a_refused_url_is_named_without_its_password() {
+        for bad in [
+            "mqtt://u:hunter2@h:1883",
+            "mqtt://u:hunter2@h:1883/?q",
+            "x y://u:hunter2@h",
+        ] {
+            let message = url(bad).expect_err(bad);
+            assert!(
+                !message.contains("hunter2") && message.contains("u:***@h"),
+                "{message}"
+            );
+        }
     }
 
     #[test]
