@@ -189,3 +189,106 @@ impl LeaseService for LeaseServiceImpl {
         }))
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use ferry_shared::audit::capture;
+    use ferry_shared::auth::Principal;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::services::{Context, Options};
+    use crate::state::sqlite::SqliteStore;
+
+    fn by<T>(role: Role, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request.extensions_mut().insert(Principal {
+            name: format!("a-{role}"),
+            role,
+            agent_id: None,
+        });
+        request
+    }
+
+    fn acquire(holder: &str) -> pb::AcquireLeaseRequest {
+        pb::AcquireLeaseRequest {
+            key: "b1/main".into(),
+            holder: holder.into(),
+            ttl: Some(prost_types::Duration {
+                seconds: 60,
+                nanos: 0,
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn operators_lease_changes_are_audited_agents_routine_is_not() {
+        let (captured, _guard) = capture::start();
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("state.db"))
+            .await
+            .unwrap();
+        let ctx = Context::new(
+            std::sync::Arc::new(store),
+            Options::default(),
+            CancellationToken::new(),
+        );
+        let service = LeaseServiceImpl::new(ctx);
+
+        // An agent's own acquire, renewal and release: routine.
+        let granted = service
+            .acquire_lease(by(Role::Agent, acquire("edge-1")))
+            .await
+            .unwrap()
+            .into_inner();
+        let Some(pb::acquire_lease_response::Outcome::Granted(lease)) = granted.outcome else {
+            panic!("{granted:?}");
+        };
+        service
+            .renew_lease(by(
+                Role::Agent,
+                pb::RenewLeaseRequest {
+                    key: lease.key.clone(),
+                    holder: "edge-1".into(),
+                    version: lease.version,
+                    ttl: acquire("edge-1").ttl,
+                },
+            ))
+            .await
+            .unwrap();
+        // An operator trying to take it while held changes nothing; then
+        // releases the agent's lease and takes it.
+        service
+            .acquire_lease(by(Role::Operator, acquire("ops")))
+            .await
+            .unwrap();
+        service
+            .release_lease(by(
+                Role::Operator,
+                pb::ReleaseLeaseRequest {
+                    key: lease.key.clone(),
+                    holder: "edge-1".into(),
+                    version: lease.version,
+                },
+            ))
+            .await
+            .unwrap();
+        service
+            .acquire_lease(by(Role::Admin, acquire("ops")))
+            .await
+            .unwrap();
+
+        let events: Vec<[String; 5]> = captured
+            .events()
+            .into_iter()
+            .map(|e| ["action", "principal", "bridge", "subject", "outcome"].map(|f| e[f].clone()))
+            .collect();
+        let expected = [
+            ["lease.release", "a-operator", "b1", "key b1/main", "ok"],
+            ["lease.acquire", "a-admin", "b1", "key b1/main", "ok"],
+        ]
+        .map(|row| row.map(str::to_owned));
+        assert_eq!(events, expected);
+    }
+}
