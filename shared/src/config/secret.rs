@@ -193,10 +193,9 @@ pub fn mask_url(url: &str) -> String {
 /// A document that does not parse is not shown at all.
 pub fn mask_yaml(text: &str) -> String {
     let Ok(mut document) = serde_saphyr::from_str::<Value>(text) else {
-        return format!(
-            "# the stored document could not be parsed to mask its secrets; \
-             ask for it with its secrets revealed (admin)\n"
-        );
+        return "# the stored document could not be parsed to mask its secrets; \
+                ask for it with its secrets revealed (admin)\n"
+            .to_owned();
     };
     if !mask_document(&mut document) {
         return text.to_owned();

@@ -522,7 +522,7 @@ async fn redrive_delete_and_purge_each_write_one_audit_event() {
     assert!(
         events
             .iter()
-            .all(|e| e["role"] != "" && e.contains_key("client"))
+            .all(|e| !e["role"].is_empty() && e.contains_key("client"))
     );
 }
 
