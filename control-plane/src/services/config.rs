@@ -105,6 +105,36 @@ impl ConfigServiceImpl {
         .await
     }
 
+    /// Stores an old version's document and selector as the next version.
+    async fn rollback(
+        &self,
+        caller: &Caller,
+        request: &pb::RollbackConfigRequest,
+    ) -> Result<AppliedConfig, Status> {
+        require("bridge_id", &request.bridge_id)?;
+        if request.to_version == 0 {
+            return Err(Status::invalid_argument(
+                "to_version: must be a version (1 or more)",
+            ));
+        }
+        let old = self
+            .ctx
+            .store
+            .get_config(&request.bridge_id, Some(request.to_version))
+            .await
+            .map_err(state_status)?;
+        let note = format!("rollback to version {}", request.to_version);
+        self.store(
+            caller,
+            Some(&request.bridge_id),
+            old.yaml,
+            old.selector,
+            request.expected_version,
+            note,
+        )
+        .await
+    }
+
     async fn current(&self, bridge_id: &str) -> Result<StoredConfig, Status> {
         require("bridge_id", bridge_id)?;
         self.ctx
@@ -433,38 +463,6 @@ impl ConfigService for ConfigServiceImpl {
         Ok(Response::new(pb::RollbackConfigResponse {
             config: Some(bridge_config(result?.config, Secrets::Masked)),
         }))
-    }
-}
-
-impl ConfigServiceImpl {
-    /// Stores an old version's document and selector as the next version.
-    async fn rollback(
-        &self,
-        caller: &Caller,
-        request: &pb::RollbackConfigRequest,
-    ) -> Result<AppliedConfig, Status> {
-        require("bridge_id", &request.bridge_id)?;
-        if request.to_version == 0 {
-            return Err(Status::invalid_argument(
-                "to_version: must be a version (1 or more)",
-            ));
-        }
-        let old = self
-            .ctx
-            .store
-            .get_config(&request.bridge_id, Some(request.to_version))
-            .await
-            .map_err(state_status)?;
-        let note = format!("rollback to version {}", request.to_version);
-        self.store(
-            caller,
-            Some(&request.bridge_id),
-            old.yaml,
-            old.selector,
-            request.expected_version,
-            note,
-        )
-        .await
     }
 }
 
