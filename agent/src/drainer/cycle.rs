@@ -11,10 +11,12 @@ use futures::future::{BoxFuture, OptionFuture};
 use futures::stream::FuturesUnordered;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span};
 
 use super::{Drainer, SEND_WINDOW};
 use crate::metrics::Terminal;
 use crate::routes::{Failure, write_disposal};
+use crate::spans::{self, disposal_name};
 use crate::stores::{DlqReason, OutboxRecord, Release, StoreError, StoreResult};
 use crate::transports::{Address, SendError};
 use ferry_shared::config::FailureAction;
@@ -326,11 +328,23 @@ impl Drainer {
                 };
                 lane.in_flight += 1;
                 let sender = Arc::clone(&self.sender);
-                sends.push(Box::pin(async move {
-                    let address = Address::new(r.address.clone());
-                    let result = sender.send(&r.envelope, &address).await;
-                    (r, result)
-                }));
+                let span = spans::send(
+                    &r.binding,
+                    &r.address,
+                    r.replay_count.saturating_add(1),
+                    &r.envelope.trace,
+                );
+                sends.push(Box::pin(
+                    async move {
+                        let address = Address::new(r.address.clone());
+                        let envelope = spans::outgoing(&Span::current(), &r.envelope);
+                        let result = sender.send(&envelope, &address).await;
+                        drop(envelope);
+                        spans::sent(&Span::current(), &result);
+                        (r, result)
+                    }
+                    .instrument(span),
+                ));
             }
         }
     }
@@ -409,6 +423,12 @@ impl Drainer {
                 retry.push(r.seq);
                 continue;
             };
+            let span = spans::dispose(
+                disposal_name(failure.reason),
+                &r.binding,
+                failure.reason.as_str(),
+                &r.envelope.trace,
+            );
             match write_disposal(
                 &self.identity,
                 self.dlq.as_ref(),
@@ -418,6 +438,7 @@ impl Drainer {
                 &r.envelope,
                 failure,
             )
+            .instrument(span)
             .await
             {
                 Ok((terminal, _)) => {

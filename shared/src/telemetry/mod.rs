@@ -18,6 +18,7 @@
 //! [`propagation`] carries W3C trace context between spans and the envelope
 //! or gRPC metadata.
 
+mod args;
 mod export;
 pub mod propagation;
 
@@ -35,6 +36,7 @@ use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+pub use args::TelemetryArgs;
 pub use export::{EXPORT_TIMEOUT, MAX_BATCH, QUEUE_CAPACITY, dropped_spans};
 
 use crate::config::{Env, Telemetry as TelemetryConfig};
@@ -176,10 +178,11 @@ impl Settings {
             self.service_name = name;
         }
         if let Some(ratio) = var("OTEL_TRACES_SAMPLER_ARG") {
-            self.sampling_ratio = parse_ratio(&ratio).map_err(|reason| TelemetryError::Setting {
-                name: "OTEL_TRACES_SAMPLER_ARG",
-                reason,
-            })?;
+            self.sampling_ratio =
+                parse_ratio(&ratio).map_err(|reason| TelemetryError::Setting {
+                    name: "OTEL_TRACES_SAMPLER_ARG",
+                    reason,
+                })?;
         }
         if let Some(attributes) = var("OTEL_RESOURCE_ATTRIBUTES") {
             for pair in attributes.split(',').filter(|p| !p.trim().is_empty()) {
@@ -362,7 +365,10 @@ mod tests {
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://from-env:4317"),
                 ("OTEL_SERVICE_NAME", ""),
                 ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
-                ("OTEL_RESOURCE_ATTRIBUTES", "b=2, deployment.environment=test"),
+                (
+                    "OTEL_RESOURCE_ATTRIBUTES",
+                    "b=2, deployment.environment=test",
+                ),
             ]))
             .expect("valid variables");
         assert_eq!(s.otlp_endpoint.as_deref(), Some("http://from-env:4317"));

@@ -168,7 +168,10 @@ mod tests {
         });
         let ours = ours.expect("a context");
         let tp = ours.traceparent.as_deref().unwrap_or_default();
-        assert!(tp.starts_with("00-0af7651916cd43dd8448eb211c80319c-"), "{tp}");
+        assert!(
+            tp.starts_with("00-0af7651916cd43dd8448eb211c80319c-"),
+            "{tp}"
+        );
         assert!(!tp.contains("b7ad6b7169203331"), "a span of its own: {tp}");
         assert_eq!(ours.tracestate.as_deref(), Some("k=v"));
         let _ = provider.force_flush();

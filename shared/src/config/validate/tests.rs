@@ -1028,7 +1028,9 @@ fn telemetry_is_checked() {
     let errs = errors(|c| {
         c.telemetry.otlp_endpoint = Some("otel:4317".into());
         c.telemetry.sampling_ratio = 1.5;
-        c.telemetry.resource_attributes.insert(" ".into(), "x".into());
+        c.telemetry
+            .resource_attributes
+            .insert(" ".into(), "x".into());
     });
     assert_error(&errs, "telemetry.otlp_endpoint", "not a URL");
     assert_error(&errs, "telemetry.sampling_ratio", "between 0.0 and 1.0");
