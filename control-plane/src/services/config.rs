@@ -141,6 +141,7 @@ impl ConfigService for ConfigServiceImpl {
                 request.change_note,
             )
             .await?;
+        crate::rpc_span::record_bridge(&applied.config.bridge_id);
         Ok(Response::new(pb::ApplyConfigResponse {
             changed: applied.changed,
             config: Some(bridge_config(applied.config)),

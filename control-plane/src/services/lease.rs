@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 
 use super::Context;
 use super::status::{page, positive_duration, require, state_status, timestamp};
+use crate::rpc_span;
 use crate::state::{Lease, LeaseAcquisition};
 
 /// The LeaseService implementation.
@@ -52,6 +53,8 @@ impl LeaseService for LeaseServiceImpl {
         let request = request.into_inner();
         require("key", &request.key)?;
         require("holder", &request.holder)?;
+        rpc_span::record_agent(&request.holder);
+        rpc_span::record_bridge(&request.key);
         let ttl = positive_duration("ttl", request.ttl)?;
         let outcome = self
             .ctx
@@ -84,6 +87,8 @@ impl LeaseService for LeaseServiceImpl {
         let request = request.into_inner();
         require("key", &request.key)?;
         require("holder", &request.holder)?;
+        rpc_span::record_agent(&request.holder);
+        rpc_span::record_bridge(&request.key);
         require_version(request.version)?;
         let ttl = positive_duration("ttl", request.ttl)?;
         let renewed = self
@@ -110,6 +115,8 @@ impl LeaseService for LeaseServiceImpl {
         let request = request.into_inner();
         require("key", &request.key)?;
         require("holder", &request.holder)?;
+        rpc_span::record_agent(&request.holder);
+        rpc_span::record_bridge(&request.key);
         require_version(request.version)?;
         self.ctx
             .store
