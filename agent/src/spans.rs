@@ -19,10 +19,10 @@ use std::borrow::Cow;
 use ferry_shared::dlq::DlqReason;
 use ferry_shared::envelope::{Envelope, TraceContext};
 use ferry_shared::telemetry::{self, propagation};
-use tracing::Span;
 use tracing::field::Empty;
+use tracing::{Instrument, Span};
 
-use crate::transports::SendError;
+use crate::transports::{Address, SendError, Sender};
 
 /// The span of one message from receive to settle, a child of the
 /// publisher's span when the message carries a `traceparent`.
@@ -59,10 +59,31 @@ pub fn append(receive: &Span, partition: &str, records: usize) -> Span {
     tracing::info_span!(parent: receive, "outbox.append", partition, records)
 }
 
-/// One send of a message to a binding, a child of the span stored with the
-/// message (or of the publisher's, for a message that never went through an
-/// outbox).
-pub fn send(binding: &str, address: &str, attempt: u32, trace: &TraceContext) -> Span {
+/// Sends `envelope` to `binding`'s `address` in a `send` span (attempt
+/// `attempt`, a child of the span the envelope's trace context names),
+/// carrying that span's context to the destination; records the outcome.
+pub async fn send(
+    sender: &dyn Sender,
+    envelope: &Envelope,
+    binding: &str,
+    address: &Address,
+    attempt: u32,
+) -> Result<(), SendError> {
+    let span = send_span(binding, address.as_str(), attempt, &envelope.trace);
+    async {
+        let outgoing = outgoing(&span, envelope);
+        let result = sender.send(&outgoing, address).await;
+        sent(&span, &result);
+        result
+    }
+    .instrument(span.clone())
+    .await
+}
+
+/// The span of one send of a message to a binding, a child of the span
+/// stored with the message (or of the publisher's, for a message that never
+/// went through an outbox).
+fn send_span(binding: &str, address: &str, attempt: u32, trace: &TraceContext) -> Span {
     if !telemetry::is_tracing() {
         return Span::none();
     }
@@ -83,7 +104,7 @@ pub fn send(binding: &str, address: &str, attempt: u32, trace: &TraceContext) ->
 }
 
 /// Records how a send ended on its span.
-pub fn sent(span: &Span, result: &Result<(), SendError>) {
+fn sent(span: &Span, result: &Result<(), SendError>) {
     if span.is_disabled() {
         return;
     }
@@ -135,7 +156,7 @@ pub fn disposal_name(reason: DlqReason) -> &'static str {
 /// The envelope as it leaves for a destination: a copy carrying the `send`
 /// span's context when tracing is on (the stored envelope keeps the context
 /// it was stored with, for the next attempt), else the envelope itself.
-pub fn outgoing<'a>(send: &Span, envelope: &'a Envelope) -> Cow<'a, Envelope> {
+fn outgoing<'a>(send: &Span, envelope: &'a Envelope) -> Cow<'a, Envelope> {
     match propagation::context_of(send) {
         Some(cx) => {
             let mut copy = envelope.clone();

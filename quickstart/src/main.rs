@@ -128,10 +128,7 @@ fn quickstart(args: &QuickstartArgs, started: std::time::Instant) -> ExitCode {
 
 /// Logs go to `ferry.log` in `dir`: the live view owns the terminal. Spans
 /// are exported when `OTEL_EXPORTER_OTLP_ENDPOINT` names a collector.
-fn init_telemetry(
-    dir: &Path,
-    filter: &str,
-) -> anyhow::Result<ferry_shared::telemetry::Telemetry> {
+fn init_telemetry(dir: &Path, filter: &str) -> anyhow::Result<ferry_shared::telemetry::Telemetry> {
     let file = std::fs::File::create(dir.join("ferry.log"))?;
     let mut settings = ferry_shared::telemetry::Settings::new("ferry-quickstart")
         .with_env(&ferry_shared::config::ProcessEnv)?;

@@ -11,7 +11,7 @@ use futures::future::{BoxFuture, OptionFuture};
 use futures::stream::FuturesUnordered;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, Span};
+use tracing::Instrument;
 
 use super::{Drainer, SEND_WINDOW};
 use crate::metrics::Terminal;
@@ -328,23 +328,13 @@ impl Drainer {
                 };
                 lane.in_flight += 1;
                 let sender = Arc::clone(&self.sender);
-                let span = spans::send(
-                    &r.binding,
-                    &r.address,
-                    r.replay_count.saturating_add(1),
-                    &r.envelope.trace,
-                );
-                sends.push(Box::pin(
-                    async move {
-                        let address = Address::new(r.address.clone());
-                        let envelope = spans::outgoing(&Span::current(), &r.envelope);
-                        let result = sender.send(&envelope, &address).await;
-                        drop(envelope);
-                        spans::sent(&Span::current(), &result);
-                        (r, result)
-                    }
-                    .instrument(span),
-                ));
+                sends.push(Box::pin(async move {
+                    let address = Address::new(r.address.clone());
+                    let attempt = r.replay_count.saturating_add(1);
+                    let result =
+                        spans::send(&*sender, &r.envelope, &r.binding, &address, attempt).await;
+                    (r, result)
+                }));
             }
         }
     }
