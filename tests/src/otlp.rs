@@ -45,8 +45,13 @@ impl Span {
     }
 }
 
+/// What the receiver was sent: every span, or (for a benchmark) only how many.
 #[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<Span>>>);
+struct Sink {
+    spans: Arc<Mutex<Vec<Span>>>,
+    count: Arc<std::sync::atomic::AtomicU64>,
+    count_only: bool,
+}
 
 #[tonic::async_trait]
 impl TraceService for Sink {
@@ -54,8 +59,22 @@ impl TraceService for Sink {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let request = request.into_inner();
+        let n: usize = request
+            .resource_spans
+            .iter()
+            .flat_map(|rs| &rs.scope_spans)
+            .map(|ss| ss.spans.len())
+            .sum();
+        self.count
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        if self.count_only {
+            return Ok(tonic::Response::new(ExportTraceServiceResponse {
+                partial_success: None,
+            }));
+        }
         let mut spans = Vec::new();
-        for rs in request.into_inner().resource_spans {
+        for rs in request.resource_spans {
             let service_name = rs
                 .resource
                 .iter()
@@ -84,7 +103,7 @@ impl TraceService for Sink {
                 });
             }
         }
-        self.0
+        self.spans
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(spans);
@@ -118,11 +137,24 @@ pub struct TraceReceiver {
 }
 
 impl TraceReceiver {
-    /// Listens on a free loopback port.
+    /// Listens on a free loopback port and keeps every span.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(Sink::default()).await
+    }
+
+    /// Listens on a free loopback port and only counts the spans (a local sink for a
+    /// benchmark: [`Self::spans`] stays empty).
+    pub async fn start_counting() -> anyhow::Result<Self> {
+        Self::start_with(Sink {
+            count_only: true,
+            ..Sink::default()
+        })
+        .await
+    }
+
+    async fn start_with(spans: Sink) -> anyhow::Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let endpoint = format!("http://{}", listener.local_addr()?);
-        let spans = Sink::default();
         let stop = CancellationToken::new();
         let server = tonic::transport::Server::builder()
             .add_service(TraceServiceServer::new(spans.clone()))
@@ -148,10 +180,15 @@ impl TraceReceiver {
         &self.endpoint
     }
 
+    /// How many spans were received so far.
+    pub fn count(&self) -> u64 {
+        self.spans.count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Every span received so far.
     pub fn spans(&self) -> Vec<Span> {
         self.spans
-            .0
+            .spans
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
