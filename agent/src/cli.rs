@@ -52,6 +52,8 @@ pub struct Cli {
 
 /// The agent's subcommands.
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of `RunArgs` does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Check a bridge configuration file: `${VAR}` expansion, YAML, and every validation rule.
     /// Prints `ok` and exits 0 when it is valid; otherwise prints each problem on stderr and

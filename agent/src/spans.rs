@@ -166,3 +166,28 @@ fn outgoing<'a>(send: &Span, envelope: &'a Envelope) -> Cow<'a, Envelope> {
         None => Cow::Borrowed(envelope),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stores::conformance::envelope;
+
+    // Tracing is never switched on in the agent's unit tests (no OTLP
+    // set-up): every span is the disabled one and the envelope is untouched.
+    #[test]
+    fn tracing_off_makes_no_span_and_leaves_the_envelope_alone() {
+        let mut e = envelope("a");
+        e.trace.traceparent =
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        let before = e.clone();
+        let receive = receive("r", &e);
+        assert!(receive.is_disabled());
+        stamp(&receive, &mut e);
+        assert_eq!(e, before);
+        assert!(append(&receive, "b/r", 3).is_disabled());
+        let send = send_span("x", "out/x", 1, &e.trace);
+        assert!(send.is_disabled());
+        assert!(matches!(outgoing(&send, &e), Cow::Borrowed(_)));
+        assert!(dispose("expire", "x", "expired", &e.trace).is_disabled());
+    }
+}

@@ -259,7 +259,7 @@ pub fn init(settings: Settings) -> Result<Telemetry, TelemetryError> {
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)
-            .with_span_list(false)
+            .with_span_list(true)
             .with_writer(settings.log_writer)
             .boxed(),
     }
