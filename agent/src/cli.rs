@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use ferry_shared::config::{CheckError, LoadError, ProcessEnv, check_file};
+use ferry_shared::telemetry::{Telemetry, TelemetryArgs};
 
 /// Exit status of a configuration that did not load or did not validate.
 pub const EXIT_INVALID: u8 = 2;
@@ -51,6 +52,8 @@ pub struct Cli {
 
 /// The agent's subcommands.
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of `RunArgs` does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Check a bridge configuration file: `${VAR}` expansion, YAML, and every validation rule.
     /// Prints `ok` and exits 0 when it is valid; otherwise prints each problem on stderr and
@@ -103,9 +106,20 @@ pub struct RunArgs {
     /// at once). Default: the host name.
     #[arg(long, env = "FERRY_AGENT_ID")]
     pub agent_id: Option<String>,
-    /// Log filter (tracing `EnvFilter` syntax). Default: `info`, or `RUST_LOG` when set.
-    #[arg(long)]
-    pub log: Option<String>,
+    /// Logging and span export.
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+}
+
+/// Sets up logging and span export for `ferry-agent run` (inside the runtime).
+pub fn telemetry(
+    args: &RunArgs,
+    config: Option<&ferry_shared::config::Telemetry>,
+) -> anyhow::Result<Telemetry> {
+    let settings = args
+        .telemetry
+        .settings("ferry-agent", config, &ProcessEnv)?;
+    Ok(ferry_shared::telemetry::init(settings)?)
 }
 
 /// `key=value`, both sides non-empty.

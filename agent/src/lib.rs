@@ -21,6 +21,8 @@
 //!   `Connect` stream, the running bridges by id, the configuration cache.
 //! - [`datadir`]: one agent per data directory (an exclusive lock file
 //!   beside the SQLite stores, taken before any store is opened).
+//! - [`spans`]: the per-message spans (receive to settle, append, send, DLQ
+//!   write, expiry), created only when tracing is on.
 //! - [`transports`]: sessions, receivers and senders for the brokers and
 //!   queues Ferry moves messages between (MQTT today), behind transport-neutral
 //!   traits the routes and drainers use.
@@ -38,5 +40,6 @@ pub mod log_state;
 pub mod metrics;
 pub mod routes;
 pub mod runtime;
+pub mod spans;
 pub mod stores;
 pub mod transports;

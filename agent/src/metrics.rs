@@ -65,6 +65,27 @@ pub struct StoreErrorLabels {
     pub kind: String,
 }
 
+/// [`ferry_shared::telemetry::dropped_spans`] as a counter: the process-wide
+/// count the export queue keeps.
+#[derive(Debug)]
+struct SpansDropped;
+
+impl prometheus_client::encoding::EncodeMetric for SpansDropped {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        encoder.encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(
+            &ferry_shared::telemetry::dropped_spans(),
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Counter
+    }
+}
+
 /// Latency buckets from 0.5 ms to about 65 s.
 fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 18))
@@ -225,6 +246,13 @@ impl Metrics {
             "Store operations that failed because of the store (full, unavailable, timeout, \
              corrupt); fencing outcomes (stale) and answers such as not found are not errors",
             m.store_errors.clone(),
+        );
+        registry.register(
+            "spans_dropped",
+            "Spans never exported: the bounded export queue was full (a slow or unreachable \
+             collector), the collector refused them or did not answer, or they were still queued \
+             at shutdown",
+            SpansDropped,
         );
         registry
     }
@@ -602,6 +630,7 @@ mod tests {
             "ferry_messages_in_flight{bridge=\"bridge-1\",route=\"route-1\",binding=\"to-events\"} 1",
             "ferry_lease_held{bridge=\"bridge-1\",route=\"route-1\"} 1",
             "ferry_session_connected{bridge=\"bridge-1\",session=\"mqtt-conn\"} 1",
+            "ferry_spans_dropped_total 0",
         ] {
             assert!(text.contains(name), "missing {name} in:\n{text}");
         }

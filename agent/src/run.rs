@@ -21,20 +21,27 @@ use crate::cli::{RunArgs, report_refused};
 
 /// `ferry-agent run`.
 pub fn main(args: &RunArgs) -> ExitCode {
-    init_logging(args.log.as_deref());
     let Some(config) = &args.config else {
-        return block_on(managed::serve(args));
+        return block_on(args, None, managed::serve(args));
     };
     let valid = match check_file(config, &ProcessEnv) {
         Ok(valid) => valid,
         Err(e) => return report_refused(config, &e),
     };
-    block_on(serve(args, config, valid))
+    let telemetry = valid.config().telemetry.clone();
+    block_on(args, Some(&telemetry), serve(args, config, valid))
 }
 
-/// Runs `serve` on a multi-threaded runtime; an error exits 1 with one line
-/// (the error and its causes, `: `-separated).
-fn block_on(serve: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
+/// Sets up telemetry (the file's `telemetry:` block when standalone, then
+/// the `OTEL_*` variables and the flags) and runs `serve` on a
+/// multi-threaded runtime; the spans still queued are flushed before exit.
+/// An error exits 1 with one line (the error and its causes,
+/// `: `-separated).
+fn block_on(
+    args: &RunArgs,
+    config: Option<&ferry_shared::config::Telemetry>,
+    serve: impl Future<Output = anyhow::Result<()>>,
+) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -45,7 +52,13 @@ fn block_on(serve: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve) {
+    let served = runtime.block_on(async {
+        let telemetry = crate::cli::telemetry(args, config)?;
+        let served = serve.await;
+        telemetry.shutdown().await;
+        served
+    });
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ferry-agent: {e:#}");
@@ -199,21 +212,4 @@ fn default_agent_id() -> String {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "ferry-agent".to_owned())
-}
-
-fn init_logging(filter: Option<&str>) {
-    use tracing_subscriber::EnvFilter;
-    let filter = match filter {
-        Some(f) => EnvFilter::new(f),
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-    };
-    // Colour only for a person at a terminal: not in files, pipes or
-    // journald, and never when `NO_COLOR` is set (no-color.org).
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(colour)
-        .init();
 }

@@ -8,6 +8,7 @@
 //!   store, connected-agent registry, configuration-change channel,
 //!   shutdown token); errors become statuses in one place
 //!   ([`services::status`]).
+//! - [`rpc_span`]: one span per RPC, continuing the caller's trace.
 //! - [`http`]: `GET /metrics` in Prometheus text format.
 //! - [`state`]: the durable state behind every service, as one
 //!   [`state::StateStore`] trait with an embedded `sqlite` backend (the
@@ -20,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod http;
+pub mod rpc_span;
 pub mod server;
 pub mod services;
 pub mod state;

@@ -15,9 +15,12 @@ use ferry_control_plane::server::ControlPlane;
 use ferry_control_plane::services::Options;
 use ferry_control_plane::state::{StateUrl, open_state_store};
 use ferry_shared::config::secret::mask_url;
+use ferry_shared::config::ProcessEnv;
 use ferry_shared::os::{self, ListenError};
+use ferry_shared::telemetry::{Telemetry, TelemetryArgs};
 use tokio::net::TcpListener;
 use tracing::info;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 /// Examples under `ferry-control-plane --help`.
 const EXAMPLES: &str = "\
@@ -55,12 +58,24 @@ struct Args {
     /// How long a DLQ redrive waits for the agent's answer, in milliseconds.
     #[arg(long, default_value_t = 30_000, env = "FERRY_COMMAND_TIMEOUT_MS")]
     command_timeout_ms: u64,
+    /// Logging and span export.
+    #[command(flatten)]
+    telemetry: TelemetryArgs,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    match serve(args).await {
+    let telemetry = match init_telemetry(&args.telemetry) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("ferry-control-plane: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let served = serve(args).await;
+    telemetry.shutdown().await;
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ferry-control-plane: {e:#}");
@@ -69,18 +84,17 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn serve(args: Args) -> anyhow::Result<()> {
-    // Colour only for a person at a terminal: not in files, pipes or
-    // journald, and never when `NO_COLOR` is set (no-color.org).
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stdout())
+/// Logs on stdout (text or JSON); spans exported when an OTLP endpoint is
+/// configured (`--otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT`).
+fn init_telemetry(args: &TelemetryArgs) -> anyhow::Result<Telemetry> {
+    let mut settings = args.settings("ferry-control-plane", None, &ProcessEnv)?;
+    settings.log_writer = BoxMakeWriter::new(std::io::stdout);
+    settings.ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_ansi(colour)
-        .init();
+    Ok(ferry_shared::telemetry::init(settings)?)
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
     if args.heartbeat_interval_ms == 0 {
         anyhow::bail!("--heartbeat-interval-ms must be positive");
     }

@@ -103,6 +103,7 @@ impl ControlPlane {
             .await;
 
         Ok(Server::builder()
+            .trace_fn(crate::rpc_span::rpc_span)
             .add_service(health)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)

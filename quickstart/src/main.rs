@@ -86,7 +86,7 @@ fn quickstart(args: &QuickstartArgs, started: std::time::Instant) -> ExitCode {
         }
     };
     let mut screen = view::Screen::stdout();
-    let outcome = init_logging(dir.path(), &args.log).and_then(|()| {
+    let outcome = (|| {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
@@ -97,11 +97,16 @@ fn quickstart(args: &QuickstartArgs, started: std::time::Instant) -> ExitCode {
             outage_for: args.outage_for,
             started,
         };
-        let outcome = runtime.block_on(run::run(&options, dir.path(), &mut screen));
+        let outcome = runtime.block_on(async {
+            let telemetry = init_telemetry(dir.path(), &args.log)?;
+            let outcome = run::run(&options, dir.path(), &mut screen).await;
+            telemetry.shutdown().await;
+            outcome
+        });
         // Every task (and with it every store) ends before the directory goes.
         runtime.shutdown_timeout(Duration::from_secs(2));
         outcome
-    });
+    })();
     let path = dir.path().display().to_string();
     if args.keep {
         let _kept = dir.keep();
@@ -121,15 +126,17 @@ fn quickstart(args: &QuickstartArgs, started: std::time::Instant) -> ExitCode {
     }
 }
 
-/// Logs go to `ferry.log` in `dir`: the live view owns the terminal.
-fn init_logging(dir: &Path, filter: &str) -> anyhow::Result<()> {
+/// Logs go to `ferry.log` in `dir`: the live view owns the terminal. Spans
+/// are exported when `OTEL_EXPORTER_OTLP_ENDPOINT` names a collector.
+fn init_telemetry(dir: &Path, filter: &str) -> anyhow::Result<ferry_shared::telemetry::Telemetry> {
     let file = std::fs::File::create(dir.join("ferry.log"))?;
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(filter)?)
-        .with_writer(std::sync::Mutex::new(file))
-        .with_ansi(false)
-        .init();
-    Ok(())
+    let mut settings = ferry_shared::telemetry::Settings::new("ferry-quickstart")
+        .with_env(&ferry_shared::config::ProcessEnv)?;
+    settings.log_filter = Some(filter.to_owned());
+    settings.log_writer =
+        tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::sync::Mutex::new(file));
+    settings.ansi = false;
+    Ok(ferry_shared::telemetry::init(settings)?)
 }
 
 fn parse_rate(text: &str) -> Result<f64, String> {

@@ -14,6 +14,9 @@
 //!   argument) every lease backend of both halves applies.
 //! - [`config`]: the bridge configuration model (the YAML document), its
 //!   loading with `${VAR}` expansion, and the pure validator both halves run.
+//! - [`telemetry`]: the one logging and tracing set-up of every binary
+//!   (OTLP export through a bounded queue) and W3C trace context
+//!   propagation.
 //! - [`os`]: private data directories created when missing, and one-line reasons for a
 //!   listener that cannot bind or a file that cannot be read.
 //!
@@ -28,3 +31,4 @@ pub mod dlq;
 pub mod envelope;
 pub mod lease;
 pub mod os;
+pub mod telemetry;

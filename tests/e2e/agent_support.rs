@@ -32,6 +32,8 @@ pub struct Bridge {
     pub address_suffix: std::collections::HashMap<String, String>,
     /// Lines added under `stores.dlq.options` (e.g. `max_size_bytes: 65536`).
     pub dlq_options: Vec<String>,
+    /// Lines of a `telemetry:` block (e.g. `otlp_endpoint: http://...`).
+    pub telemetry: Vec<String>,
 }
 
 impl Bridge {
@@ -52,6 +54,7 @@ impl Bridge {
             ],
             address_suffix: std::collections::HashMap::new(),
             dlq_options: Vec::new(),
+            telemetry: Vec::new(),
         }
     }
 
@@ -118,6 +121,12 @@ impl Bridge {
             y.push_str("    session:\n      session_id: dst\n      sender_id: out\n");
             for line in &self.session {
                 let _ = writeln!(y, "      {line}");
+            }
+        }
+        if !self.telemetry.is_empty() {
+            y.push_str("telemetry:\n");
+            for line in &self.telemetry {
+                let _ = writeln!(y, "  {line}");
             }
         }
         y

@@ -18,6 +18,7 @@ mod agent_ingress;
 mod agent_managed;
 mod agent_reload;
 mod agent_support;
+mod agent_tracing;
 mod agent_visibility;
 mod control_plane;
 mod cp_stores;

@@ -17,6 +17,8 @@
 //!   duplicates and gaps.
 //! - [`agent`]: a `ferry-agent run` process with its configuration, admin port and parsed
 //!   `/metrics`.
+//! - [`otlp`]: an OTLP trace receiver (the `TraceService` on tonic) keeping the spans it is
+//!   sent.
 //! - [`ids`]: unique names for queues, tables, topics and client ids.
 //! - [`bench`]: the `ferry-bench` benchmark (Ferry beside Mosquitto's bridge); see
 //!   `docs/benchmarks.md`.
@@ -38,6 +40,7 @@ pub mod ids;
 pub mod mosquitto;
 pub mod moto;
 pub mod mqtt;
+pub mod otlp;
 pub mod ports;
 pub mod postgres;
 pub mod process;

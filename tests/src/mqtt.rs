@@ -76,6 +76,8 @@ pub struct PublishOptions {
     pub expiry_secs: Option<u32>,
     /// Pads each payload (after its number) to this many bytes.
     pub payload_size: usize,
+    /// MQTT v5 user properties of every message (e.g. a `traceparent`).
+    pub user_properties: Vec<(String, String)>,
 }
 
 /// [`publish_seq`] with a message expiry and/or padded payloads.
@@ -104,6 +106,7 @@ pub async fn publish_seq_with(
                 }
                 let properties = rumqttc::v5::mqttbytes::v5::PublishProperties {
                     message_expiry_interval: extra.expiry_secs,
+                    user_properties: extra.user_properties.clone(),
                     ..Default::default()
                 };
                 client
@@ -174,9 +177,16 @@ async fn count_acknowledgements(
 pub struct Counts {
     per_topic: BTreeMap<String, BTreeMap<u64, u32>>,
     unparsed: u64,
+    /// The `traceparent` user property of each delivery that carried one, per topic.
+    traceparents: BTreeMap<String, Vec<String>>,
 }
 
 impl Counts {
+    /// The `traceparent` of each delivery on `topic` that carried one, in arrival order.
+    pub fn traceparents(&self, topic: &str) -> &[String] {
+        self.traceparents.get(topic).map_or(&[], Vec::as_slice)
+    }
+
     /// Every delivery, duplicates included.
     pub fn total(&self) -> u64 {
         self.per_topic
@@ -387,10 +397,16 @@ async fn run_collector(
     loop {
         match eventloop.poll().await {
             Ok(Event::Incoming(Packet::Publish(publish))) => {
-                counts
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .record(&publish.topic, &publish.payload);
+                let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+                counts.record(&publish.topic, &publish.payload);
+                let traceparent = publish.properties.iter().flat_map(|p| &p.user_properties);
+                if let Some((_, tp)) = traceparent.into_iter().find(|(k, _)| k == "traceparent") {
+                    counts
+                        .traceparents
+                        .entry(String::from_utf8_lossy(&publish.topic).into_owned())
+                        .or_default()
+                        .push(tp.clone());
+                }
             }
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
                 connected.send_replace(true);

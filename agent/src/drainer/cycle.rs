@@ -11,10 +11,12 @@ use futures::future::{BoxFuture, OptionFuture};
 use futures::stream::FuturesUnordered;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::{Drainer, SEND_WINDOW};
 use crate::metrics::Terminal;
 use crate::routes::{Failure, write_disposal};
+use crate::spans::{self, disposal_name};
 use crate::stores::{DlqReason, OutboxRecord, Release, StoreError, StoreResult};
 use crate::transports::{Address, SendError};
 use ferry_shared::config::FailureAction;
@@ -328,7 +330,9 @@ impl Drainer {
                 let sender = Arc::clone(&self.sender);
                 sends.push(Box::pin(async move {
                     let address = Address::new(r.address.clone());
-                    let result = sender.send(&r.envelope, &address).await;
+                    let attempt = r.replay_count.saturating_add(1);
+                    let result =
+                        spans::send(&*sender, &r.envelope, &r.binding, &address, attempt).await;
                     (r, result)
                 }));
             }
@@ -409,6 +413,12 @@ impl Drainer {
                 retry.push(r.seq);
                 continue;
             };
+            let span = spans::dispose(
+                disposal_name(failure.reason),
+                &r.binding,
+                failure.reason.as_str(),
+                &r.envelope.trace,
+            );
             match write_disposal(
                 &self.identity,
                 self.dlq.as_ref(),
@@ -418,6 +428,7 @@ impl Drainer {
                 &r.envelope,
                 failure,
             )
+            .instrument(span)
             .await
             {
                 Ok((terminal, _)) => {

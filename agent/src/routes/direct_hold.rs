@@ -25,6 +25,8 @@
 //!   acknowledges them in receive order whatever order they finish in.
 //! - A delivery the source marks as redelivered is counted once as such
 //!   (`ferry_messages_redelivered_total`) when the route takes it.
+//! - With tracing on, each delivery is handled in its `receive` span, and
+//!   each attempt is a `send` span under it ([`spans`](crate::spans)).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -34,6 +36,7 @@ use ferry_shared::envelope::Envelope;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::hold::StoreHold;
 use super::{
@@ -41,6 +44,7 @@ use super::{
     permanent_failure, with_ttl,
 };
 use crate::metrics::{RouteMetrics, Terminal};
+use crate::spans;
 use crate::stores::{DlqReason, DlqStore};
 use crate::transports::{Address, Delivery, Outcome, Receiver, Sender};
 
@@ -109,7 +113,16 @@ impl DirectHold {
 }
 
 impl Running {
-    async fn handle(self: Arc<Self>, delivery: Delivery, shutdown: CancellationToken) {
+    /// Handles one delivery in its `receive` span.
+    async fn handle(self: Arc<Self>, mut delivery: Delivery, shutdown: CancellationToken) {
+        let receive = spans::receive(&self.route.identity.route_id, &delivery.envelope);
+        spans::stamp(&receive, &mut delivery.envelope);
+        self.handle_in_span(delivery, shutdown)
+            .instrument(receive)
+            .await;
+    }
+
+    async fn handle_in_span(self: Arc<Self>, delivery: Delivery, shutdown: CancellationToken) {
         let Delivery {
             envelope,
             defect,
@@ -195,7 +208,14 @@ impl Running {
             }
             first_attempt_at.get_or_insert(now);
             attempts += 1;
-            let error = match route.sender.send(envelope, &address).await {
+            let sent = spans::send(
+                &*route.sender,
+                envelope,
+                &route.binding.id,
+                &address,
+                attempts,
+            );
+            let error = match sent.await {
                 Ok(()) => {
                     route.binding.metrics.received(1);
                     route.binding.metrics.finished(
@@ -276,6 +296,12 @@ impl Running {
                 route.policy.retry_backoff.initial_interval.get(),
                 shutdown,
                 || {
+                    let span = spans::dispose(
+                        spans::disposal_name(failure.reason),
+                        &route.binding.id,
+                        failure.reason.as_str(),
+                        &envelope.trace,
+                    );
                     dispose(
                         &route.identity,
                         route.dlq.as_ref(),
@@ -287,6 +313,7 @@ impl Running {
                         envelope.source.received_at,
                         true,
                     )
+                    .instrument(span)
                 },
             )
             .await;

@@ -34,6 +34,9 @@
 //!
 //! [`hold`]: super::hold
 //! - After each append the drainer is woken at once.
+//! - With tracing on, each message is handled in its `receive` span and its
+//!   records store that span's trace context, so its sends join the trace
+//!   ([`spans`](crate::spans)).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -44,10 +47,12 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span};
 
 use super::hold::StoreHold;
 use super::{Failure, RouteBinding, RouteIdentity, delivery_dlq_id, dispose, with_ttl};
 use crate::metrics::RouteMetrics;
+use crate::spans;
 use crate::stores::{DlqReason, DlqStore, NewMessage, NewRecord, OutboxStore};
 use crate::transports::{Delivery, Outcome, Receiver};
 
@@ -298,8 +303,23 @@ impl OutboxWriter {
 }
 
 impl Running {
-    /// Handles one delivery whose records were reserved.
-    async fn handle(self: Arc<Self>, delivery: Delivery, shutdown: CancellationToken) {
+    /// Handles one delivery whose records were reserved, in its `receive`
+    /// span (whose context is stored with the records).
+    async fn handle(self: Arc<Self>, mut delivery: Delivery, shutdown: CancellationToken) {
+        let receive = spans::receive(&self.writer.identity.route_id, &delivery.envelope);
+        spans::stamp(&receive, &mut delivery.envelope);
+        let append = spans::append(&receive, &self.writer.partition, self.writer.bindings.len());
+        self.handle_in_span(delivery, shutdown, append)
+            .instrument(receive)
+            .await;
+    }
+
+    async fn handle_in_span(
+        self: Arc<Self>,
+        delivery: Delivery,
+        shutdown: CancellationToken,
+        append: Span,
+    ) {
         let w = &self.writer;
         let Delivery {
             envelope,
@@ -343,7 +363,7 @@ impl Running {
                 self.dispose_all(&envelope, action, &failure, &shutdown)
                     .await
             }
-            None => self.append(&envelope, &shutdown).await,
+            None => self.append(&envelope, &shutdown).instrument(append).await,
         };
         if !matches!(outcome, Outcome::Persisted) {
             // Nothing appended: the reservation goes back.
@@ -376,6 +396,12 @@ impl Running {
                     w.policy.retry_backoff.initial_interval.get(),
                     shutdown,
                     || {
+                        let span = spans::dispose(
+                            spans::disposal_name(failure.reason),
+                            &b.id,
+                            failure.reason.as_str(),
+                            &envelope.trace,
+                        );
                         dispose(
                             &w.identity,
                             w.dlq.as_ref(),
@@ -387,6 +413,7 @@ impl Running {
                             envelope.source.received_at,
                             true,
                         )
+                        .instrument(span)
                     },
                 )
                 .await;

@@ -256,6 +256,7 @@ impl ConfigService for ConfigServiceImpl {
             .as_ref()
             .map(|a| a.config.bridge_id.clone())
             .unwrap_or_default();
+        crate::rpc_span::record_bridge(&bridge);
         audit_change(&caller, Action::ConfigApply, &bridge, "", &result);
         let applied = result?;
         Ok(Response::new(pb::ApplyConfigResponse {

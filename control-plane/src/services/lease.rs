@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status};
 
 use super::Context;
 use super::status::{page, positive_duration, require, state_status, timestamp};
+use crate::rpc_span;
 use crate::state::{Lease, LeaseAcquisition};
 
 /// The LeaseService implementation.
@@ -73,6 +74,8 @@ impl LeaseServiceImpl {
     ) -> Result<pb::AcquireLeaseResponse, Status> {
         require("key", &request.key)?;
         require("holder", &request.holder)?;
+        rpc_span::record_agent(&request.holder);
+        rpc_span::record_bridge(&request.key);
         let ttl = positive_duration("ttl", request.ttl)?;
         let outcome = self
             .ctx
@@ -101,6 +104,8 @@ impl LeaseServiceImpl {
     async fn release(&self, request: &pb::ReleaseLeaseRequest) -> Result<(), Status> {
         require("key", &request.key)?;
         require("holder", &request.holder)?;
+        rpc_span::record_agent(&request.holder);
+        rpc_span::record_bridge(&request.key);
         require_version(request.version)?;
         self.ctx
             .store
@@ -139,6 +144,8 @@ impl LeaseService for LeaseServiceImpl {
         let request = request.into_inner();
         require("key", &request.key)?;
         require("holder", &request.holder)?;
+        rpc_span::record_agent(&request.holder);
+        rpc_span::record_bridge(&request.key);
         require_version(request.version)?;
         let ttl = positive_duration("ttl", request.ttl)?;
         let renewed = self

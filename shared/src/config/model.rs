@@ -62,6 +62,10 @@ pub struct Telemetry {
     /// with a sampled `traceparent` is always traced).
     #[serde(default = "default_sampling_ratio")]
     pub sampling_ratio: f64,
+    /// Extra OpenTelemetry resource attributes of the exported spans (`deployment.environment`,
+    /// `host.name`, ...), added to `service.name`.
+    #[serde(default)]
+    pub resource_attributes: std::collections::BTreeMap<String, String>,
 }
 
 /// Default `telemetry.service_name`.
@@ -80,6 +84,7 @@ impl Default for Telemetry {
             otlp_endpoint: None,
             service_name: default_service_name(),
             sampling_ratio: default_sampling_ratio(),
+            resource_attributes: std::collections::BTreeMap::new(),
         }
     }
 }

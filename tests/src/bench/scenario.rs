@@ -105,6 +105,9 @@ pub struct Settings {
     pub broker_config: Vec<String>,
     /// Run the agent under Callgrind and count its instructions (its run directory is kept).
     pub callgrind: bool,
+    /// Export the agent's spans (every trace sampled) to this OTLP endpoint; no tracing when
+    /// unset.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Settings {
@@ -243,7 +246,7 @@ async fn measure(
                 .as_deref()
                 .context("no ferry-agent with a `run` command")?;
             let config_path = run_dir.path().join("bridge.yaml");
-            let yaml = ferry::config(
+            let mut yaml = ferry::config(
                 route,
                 settings.tuning,
                 &source.url(),
@@ -251,6 +254,11 @@ async fn measure(
                 run_dir.path(),
                 prefixes,
             );
+            if let Some(endpoint) = &settings.otlp_endpoint {
+                yaml.push_str(&format!(
+                    "telemetry:\n  otlp_endpoint: {endpoint}\n  sampling_ratio: 1.0\n"
+                ));
+            }
             std::fs::write(&config_path, yaml).context("writing the agent's configuration")?;
             ferry::validate(binary, &config_path)?;
             Some(Agent::start(

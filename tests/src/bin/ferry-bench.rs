@@ -23,6 +23,7 @@ use ferry_tests::bench::payload::Clock;
 use ferry_tests::bench::publisher::Pace;
 use ferry_tests::bench::report::{self, Verdict};
 use ferry_tests::bench::scenario::{self, Contender, RunSpec, Settings};
+use ferry_tests::otlp::TraceReceiver;
 
 /// Benchmark Ferry's agent against Mosquitto's bridge between two local Mosquitto brokers.
 #[derive(Debug, Parser)]
@@ -75,6 +76,10 @@ struct Cli {
     /// Messages per run with --callgrind (Callgrind is about fifty times slower).
     #[arg(long, default_value_t = 2_000)]
     callgrind_messages: u64,
+    /// Tracing on: the agent exports every span (sampling 1.0) to an OTLP sink in this
+    /// process that only counts them.
+    #[arg(long)]
+    trace: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -190,6 +195,17 @@ async fn main() -> ExitCode {
             }
         }
     };
+    let sink = if cli.trace {
+        match TraceReceiver::start_counting().await {
+            Ok(sink) => Some(sink),
+            Err(error) => {
+                eprintln!("cannot start the OTLP sink: {error:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     let settings = Settings {
         agent: agent.clone(),
         tuning: FerryTuning {
@@ -202,6 +218,7 @@ async fn main() -> ExitCode {
         keep: cli.keep,
         broker_config: cli.broker_config.clone(),
         callgrind: cli.callgrind,
+        otlp_endpoint: sink.as_ref().map(|s| s.endpoint().to_owned()),
     };
     let clock = Clock::new();
     let mut results = Vec::new();
@@ -221,6 +238,9 @@ async fn main() -> ExitCode {
 
     println!();
     print!("{}", report::runs_table(&results));
+    if let Some(sink) = &sink {
+        println!("\nspans received by the OTLP sink: {}", sink.count());
+    }
     if cli.callgrind {
         return if results.iter().all(|r| r.instructions.is_some()) {
             ExitCode::SUCCESS

@@ -3,12 +3,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::Channel;
 use anyhow::Context;
 use ferry_shared::api::v1 as pb;
 use pb::agent_service_client::AgentServiceClient;
 use pb::metrics_service_client::MetricsServiceClient;
 use serde::Serialize;
-use tonic::transport::Channel;
 
 use crate::metrics::{self, TotalsView};
 use crate::output::{self, Format, Row, labels, timestamp};

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::Channel;
 use anyhow::Context;
 use ferry_shared::api::v1 as pb;
 use pb::config_service_client::ConfigServiceClient;
 use serde::Serialize;
-use tonic::transport::Channel;
 
 use crate::output::{self, Format, Row, labels, timestamp};
 use crate::paging::all_pages;

@@ -2,12 +2,12 @@
 //! listener): get dlq, dlq show / redrive / delete / purge / stats; and how
 //! each is shown. Reason names are `ferry_shared::dlq::DlqReason`'s.
 
+use crate::Channel;
 use anyhow::Context;
 use ferry_shared::api::v1 as pb;
 use ferry_shared::dlq::{DlqFilter, DlqReason};
 use pb::dlq_service_client::DlqServiceClient;
 use serde::Serialize;
-use tonic::transport::Channel;
 
 use crate::output::{self, Format, Row, timestamp};
 

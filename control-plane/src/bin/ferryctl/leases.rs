@@ -1,9 +1,9 @@
 //! Leases (`LeaseService`): `ferryctl get leases`; and how one is shown.
 
+use crate::Channel;
 use ferry_shared::api::v1 as pb;
 use pb::lease_service_client::LeaseServiceClient;
 use serde::Serialize;
-use tonic::transport::Channel;
 
 use crate::output::{self, Format, Row, timestamp};
 use crate::paging::all_pages;

@@ -37,8 +37,12 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand};
+use ferry_shared::config::ProcessEnv;
 use ferry_shared::dlq::{DlqFilter, DlqReason};
-use tonic::transport::{Channel, Endpoint};
+use ferry_shared::telemetry::TelemetryArgs;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Endpoint;
+use tracing::Instrument;
 
 use crate::output::Format;
 
@@ -71,8 +75,24 @@ struct Cli {
     /// Output format.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
     output: Format,
+    /// Logging (default `warn`) and span export: with an OTLP endpoint each command is a
+    /// trace that the control plane's RPC spans join.
+    #[command(flatten)]
+    telemetry: TelemetryArgs,
     #[command(subcommand)]
     command: Command,
+}
+
+/// A connection to the control plane whose requests carry the command's trace
+/// context.
+pub type Channel = InterceptedService<tonic::transport::Channel, Propagate>;
+
+/// The interceptor writing the current span's `traceparent` into each request.
+pub type Propagate = fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status>;
+
+fn propagate(mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    ferry_shared::telemetry::propagation::inject_current(request.metadata_mut());
+    Ok(request)
 }
 
 #[derive(Debug, Subcommand)]
@@ -135,6 +155,22 @@ enum Command {
         #[arg(long)]
         by_agent: bool,
     },
+}
+
+impl Command {
+    /// The command's name, for its span.
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Apply { .. } => "apply",
+            Command::Get { .. } => "get",
+            Command::Describe { .. } => "describe",
+            Command::History { .. } => "history",
+            Command::Rollback { .. } => "rollback",
+            Command::Delete { .. } => "delete",
+            Command::Dlq { .. } => "dlq",
+            Command::Metrics { .. } => "metrics",
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -281,7 +317,25 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(&cli.endpoint, cli.output, cli.command).await {
+    let telemetry = match cli
+        .telemetry
+        .settings("ferryctl", None, &ProcessEnv)
+        .and_then(|mut settings| {
+            settings.log_filter = settings.log_filter.or_else(|| Some("warn".into()));
+            ferry_shared::telemetry::init(settings)
+        }) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("ferryctl: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let span = tracing::info_span!("ferryctl", command = cli.command.name());
+    let result = run(&cli.endpoint, cli.output, cli.command)
+        .instrument(span)
+        .await;
+    telemetry.shutdown().await;
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         // The reader closed the pipe: it has all it wanted.
         Err(error) if output::is_broken_pipe(&error) => ExitCode::SUCCESS,
@@ -384,10 +438,11 @@ async fn connect(endpoint: &str) -> anyhow::Result<Channel> {
     let endpoint = Endpoint::from_shared(endpoint.to_owned())
         .with_context(|| format!("invalid endpoint {endpoint:?}"))?
         .connect_timeout(std::time::Duration::from_secs(5));
-    endpoint
+    let channel = endpoint
         .connect()
         .await
-        .with_context(|| format!("cannot reach the control plane at {}", endpoint.uri()))
+        .with_context(|| format!("cannot reach the control plane at {}", endpoint.uri()))?;
+    Ok(InterceptedService::new(channel, propagate as Propagate))
 }
 
 #[cfg(test)]

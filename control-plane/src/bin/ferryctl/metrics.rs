@@ -2,10 +2,10 @@
 //! binding or one row per agent and binding; and the binding row that
 //! `describe agent` shows too.
 
+use crate::Channel;
 use ferry_shared::api::v1 as pb;
 use pb::metrics_service_client::MetricsServiceClient;
 use serde::Serialize;
-use tonic::transport::Channel;
 
 use crate::output::{self, Format, Row};
 

@@ -65,6 +65,7 @@ impl AgentService for AgentServiceImpl {
             ));
         };
         require("hello.agent_id", &hello.agent_id)?;
+        crate::rpc_span::record_agent(&hello.agent_id);
 
         let (commands_tx, commands_rx) = mpsc::channel(COMMAND_BUFFER);
         let registration = self

@@ -106,5 +106,11 @@ impl<'a> Validator<'a> {
                 format!("must be between 0.0 and 1.0, got {}", t.sampling_ratio),
             );
         }
+        if t.resource_attributes.keys().any(|k| k.trim().is_empty()) {
+            self.error(
+                "telemetry.resource_attributes",
+                "an attribute name must not be empty",
+            );
+        }
     }
 }

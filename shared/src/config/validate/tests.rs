@@ -1043,9 +1043,13 @@ fn telemetry_is_checked() {
     let errs = errors(|c| {
         c.telemetry.otlp_endpoint = Some("otel:4317".into());
         c.telemetry.sampling_ratio = 1.5;
+        c.telemetry
+            .resource_attributes
+            .insert(" ".into(), "x".into());
     });
     assert_error(&errs, "telemetry.otlp_endpoint", "not a URL");
     assert_error(&errs, "telemetry.sampling_ratio", "between 0.0 and 1.0");
+    assert_error(&errs, "telemetry.resource_attributes", "must not be empty");
 }
 
 #[test]
