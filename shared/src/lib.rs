@@ -12,6 +12,7 @@
 //!   argument) every lease backend of both halves applies.
 //! - [`config`]: the bridge configuration model (the YAML document), its
 //!   loading with `${VAR}` expansion, and the pure validator both halves run.
+//! - [`listener`]: the accept loop of the HTTP listeners, plain or TLS.
 //! - [`os`]: private data directories created when missing, and one-line reasons for a
 //!   listener that cannot bind or a file that cannot be read.
 //!
@@ -24,4 +25,5 @@ pub mod config;
 pub mod dlq;
 pub mod envelope;
 pub mod lease;
+pub mod listener;
 pub mod os;

@@ -7,7 +7,11 @@ use ferry_shared::api::v1 as pb;
 use pb::lease_service_server::LeaseService;
 use tonic::{Request, Response, Status};
 
+use ferry_shared::auth::policy::require_own_agent;
+use ferry_shared::auth::{Caller, Principal};
+
 use super::Context;
+use super::assignment::{lease_bridge, require_assigned};
 use super::status::{page, positive_duration, require, state_status, timestamp};
 use crate::state::{Lease, LeaseAcquisition};
 
@@ -34,6 +38,15 @@ fn lease(lease: Lease) -> pb::Lease {
     }
 }
 
+impl LeaseServiceImpl {
+    /// An agent takes and renews leases only as itself and only for the
+    /// bridges assigned to it.
+    async fn authorize(&self, caller: &Principal, key: &str, holder: &str) -> Result<(), Status> {
+        require_own_agent(caller, holder, "the lease holder")?;
+        require_assigned(&self.ctx, caller, lease_bridge(key)).await
+    }
+}
+
 fn require_version(version: u64) -> Result<(), Status> {
     if version == 0 {
         return Err(Status::invalid_argument(
@@ -49,9 +62,12 @@ impl LeaseService for LeaseServiceImpl {
         &self,
         request: Request<pb::AcquireLeaseRequest>,
     ) -> Result<Response<pb::AcquireLeaseResponse>, Status> {
+        let caller = Caller::of(&request).principal;
         let request = request.into_inner();
         require("key", &request.key)?;
         require("holder", &request.holder)?;
+        self.authorize(&caller, &request.key, &request.holder)
+            .await?;
         let ttl = positive_duration("ttl", request.ttl)?;
         let outcome = self
             .ctx
@@ -81,9 +97,12 @@ impl LeaseService for LeaseServiceImpl {
         &self,
         request: Request<pb::RenewLeaseRequest>,
     ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
+        let caller = Caller::of(&request).principal;
         let request = request.into_inner();
         require("key", &request.key)?;
         require("holder", &request.holder)?;
+        self.authorize(&caller, &request.key, &request.holder)
+            .await?;
         require_version(request.version)?;
         let ttl = positive_duration("ttl", request.ttl)?;
         let renewed = self
@@ -107,9 +126,13 @@ impl LeaseService for LeaseServiceImpl {
         &self,
         request: Request<pb::ReleaseLeaseRequest>,
     ) -> Result<Response<pb::ReleaseLeaseResponse>, Status> {
+        let caller = Caller::of(&request).principal;
         let request = request.into_inner();
         require("key", &request.key)?;
         require("holder", &request.holder)?;
+        // Giving a lease up needs no assignment (a withdrawn bridge's drainer
+        // still releases), only the agent's own id.
+        require_own_agent(&caller, &request.holder, "the lease holder")?;
         require_version(request.version)?;
         self.ctx
             .store

@@ -17,8 +17,10 @@
 //!   the call fails with `FAILED_PRECONDITION`;
 //! - backend errors become statuses in [`backend::status`].
 //!
-//! Authorization (issue 16) belongs here too, once per RPC, so that both
-//! halves check it the same way.
+//! Authorization: the role table of [`crate::auth::policy`] is checked by
+//! the authentication layer before a call reaches this service; what depends
+//! on the entry (an agent writes only for its own bridges) is asked of the
+//! backend ([`DlqBackend::authorize_write`]) before a write.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -127,7 +129,11 @@ impl DlqService for DlqServer {
         &self,
         request: Request<pb::WriteDlqEntryRequest>,
     ) -> Result<Response<pb::WriteDlqEntryResponse>, Status> {
+        let caller = crate::auth::Caller::of(&request).principal;
         let written = check_written_entry(request.into_inner().entry).map_err(invalid)?;
+        self.backend
+            .authorize_write(&caller, &written.entry)
+            .await?;
         let entry = pb::DlqEntry {
             envelope: Some(written.envelope),
             dead_lettered_at: Some(

@@ -6,9 +6,9 @@ use std::path::Path;
 
 use anyhow::Context;
 use ferry_shared::api::v1 as pb;
+use ferry_shared::auth::client::AuthChannel;
 use pb::config_service_client::ConfigServiceClient;
 use serde::Serialize;
-use tonic::transport::Channel;
 
 use crate::output::{self, Format, Row, labels, timestamp};
 use crate::paging::all_pages;
@@ -27,7 +27,7 @@ pub fn read_document(file: &Path) -> anyhow::Result<Vec<u8>> {
 /// `ferryctl apply`: stores `yaml` as the bridge's next version (unless it
 /// equals the current one).
 pub async fn apply(
-    channel: Channel,
+    channel: AuthChannel,
     out: Format,
     yaml: Vec<u8>,
     selector: Vec<(String, String)>,
@@ -62,7 +62,7 @@ pub async fn apply(
 }
 
 /// `ferryctl get configs`: the current version of every configuration.
-pub async fn list(channel: Channel, out: Format) -> anyhow::Result<()> {
+pub async fn list(channel: AuthChannel, out: Format) -> anyhow::Result<()> {
     let client = ConfigServiceClient::new(channel);
     let configs = all_pages(|page_token| {
         let mut client = client.clone();
@@ -84,14 +84,14 @@ pub async fn list(channel: Channel, out: Format) -> anyhow::Result<()> {
 }
 
 /// `ferryctl get routes`: the routes of a configuration's current version.
-pub async fn routes(channel: Channel, out: Format, bridge_id: String) -> anyhow::Result<()> {
+pub async fn routes(channel: AuthChannel, out: Format, bridge_id: String) -> anyhow::Result<()> {
     let stored = get(channel, bridge_id, None).await?;
     output::list(out, &RouteView::from_document(&stored.yaml)?)
 }
 
 /// `ferryctl describe config`: one version with its document.
 pub async fn describe(
-    channel: Channel,
+    channel: AuthChannel,
     out: Format,
     bridge_id: String,
     version: Option<u64>,
@@ -101,7 +101,7 @@ pub async fn describe(
 }
 
 /// `ferryctl history`: every version of a configuration, newest first.
-pub async fn history(channel: Channel, out: Format, bridge_id: String) -> anyhow::Result<()> {
+pub async fn history(channel: AuthChannel, out: Format, bridge_id: String) -> anyhow::Result<()> {
     let client = ConfigServiceClient::new(channel);
     let versions = all_pages(|page_token| {
         let (mut client, bridge_id) = (client.clone(), bridge_id.clone());
@@ -122,7 +122,7 @@ pub async fn history(channel: Channel, out: Format, bridge_id: String) -> anyhow
 
 /// `ferryctl rollback`: an old version's document as the new version.
 pub async fn rollback(
-    channel: Channel,
+    channel: AuthChannel,
     out: Format,
     bridge_id: String,
     to: u64,
@@ -150,7 +150,7 @@ pub async fn rollback(
 }
 
 /// `ferryctl delete`: a configuration and its history.
-pub async fn delete(channel: Channel, bridge_id: String) -> anyhow::Result<()> {
+pub async fn delete(channel: AuthChannel, bridge_id: String) -> anyhow::Result<()> {
     ConfigServiceClient::new(channel)
         .delete_config(pb::DeleteConfigRequest {
             bridge_id: bridge_id.clone(),
@@ -163,7 +163,7 @@ pub async fn delete(channel: Channel, bridge_id: String) -> anyhow::Result<()> {
 
 /// One version of a configuration; `None` reads the current one.
 async fn get(
-    channel: Channel,
+    channel: AuthChannel,
     bridge_id: String,
     version: Option<u64>,
 ) -> anyhow::Result<pb::BridgeConfig> {
