@@ -19,6 +19,7 @@ mod agent_managed;
 mod agent_reload;
 mod agent_support;
 mod agent_visibility;
+mod auth;
 mod control_plane;
 mod cp_stores;
 mod cp_stores_conformance;
