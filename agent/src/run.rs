@@ -65,18 +65,19 @@ async fn serve(args: &RunArgs, config: &std::path::Path, valid: ValidConfig) -> 
     let mut signals = Signals::install()?;
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
-    // Credentials, then bind: a missing credential or a taken port is an
+    // Bind, then credentials: a taken port or a missing credential is an
     // error before any broker connection.
     let stop_watching = tokio_util::sync::CancellationToken::new();
     let _stop_watching = stop_watching.clone().drop_guard();
     let listener = match args.admin_listen {
         Some(addr) => {
+            let listener = admin::bind(addr).await?;
             let (auth, tls) = args
                 .admin_security
                 .load("admin", stop_watching)
                 .context("admin listener")?;
             let tls = tls.map(|tls| tls.rustls()).transpose()?;
-            Some((admin::bind(addr).await?, auth, tls))
+            Some((listener, auth, tls))
         }
         None => None,
     };
