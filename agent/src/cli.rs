@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use ferry_shared::auth::client::ClientAuth;
+use ferry_shared::auth::flags::ServerSecurityArgs;
 use ferry_shared::config::{CheckError, LoadError, ProcessEnv, check_file};
 use ferry_shared::telemetry::{Telemetry, TelemetryArgs};
 
@@ -18,7 +20,7 @@ const EXAMPLES: &str = "\
 Examples:
   ferry-agent validate deploy/examples/edge-sqlite.yaml
   FERRY_DATA_DIR=/tmp/ferry ferry-agent run --config deploy/examples/edge-sqlite.yaml \\
-      --admin-listen 127.0.0.1:9464
+      --admin-listen 127.0.0.1:9464 --insecure
   ferry-agent run --control-plane http://127.0.0.1:50051 --data-dir /tmp/ferry-edge \\
       --agent-id edge-01 --label site=plant-1";
 
@@ -27,12 +29,17 @@ const RUN_EXAMPLES: &str = "\
 Examples:
   # Standalone, one bridge from a file; its SQLite stores in /tmp/ferry (created when missing)
   FERRY_DATA_DIR=/tmp/ferry ferry-agent run --config deploy/examples/edge-sqlite.yaml \\
-      --admin-listen 127.0.0.1:9464
+      --admin-listen 127.0.0.1:9464 --insecure
   kill -HUP $(pidof ferry-agent)   # apply the edited file live
 
   # Managed: the bridges a control plane pushes to agents labelled site=plant-1
   ferry-agent run --control-plane http://127.0.0.1:50051 --data-dir /tmp/ferry-edge \\
-      --agent-id edge-01 --label site=plant-1 --admin-listen 127.0.0.1:9465";
+      --agent-id edge-01 --label site=plant-1 --admin-listen 127.0.0.1:9465
+
+  # Managed over mTLS: its certificate names it (SAN URI ferry://agent/edge-01)
+  ferry-agent run --control-plane https://ferry-cp:50051 --data-dir /var/lib/ferry \\
+      --agent-id edge-01 --ca-cert /etc/ferry/ca.crt \\
+      --client-cert /etc/ferry/edge-01.crt --client-key /etc/ferry/edge-01.key";
 
 /// Examples under `ferry-agent validate --help`.
 const VALIDATE_EXAMPLES: &str = "\
@@ -68,7 +75,7 @@ pub enum Command {
     /// created or is locked; a pushed configuration it cannot run is refused (NACK), not fatal.
     /// Missing data directories (of the SQLite stores, `--data-dir`) are created, mode 0700.
     #[command(after_help = RUN_EXAMPLES)]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 /// Arguments of `ferry-agent run`.
@@ -109,6 +116,43 @@ pub struct RunArgs {
     /// Logging and span export.
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+    /// TLS and credentials of the admin listener. With `--config` its gRPC `DlqService` needs
+    /// `--tokens` and/or `--client-ca`, or `--insecure`; a managed agent's admin listener
+    /// serves no RPC and takes only the TLS flags.
+    #[command(flatten)]
+    pub admin_security: ServerSecurityArgs,
+    /// File holding the bearer token this agent presents to the control plane (on its stream,
+    /// its lease and DLQ calls); or the token itself in `FERRY_TOKEN`.
+    #[arg(long, env = "FERRY_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// PEM CA certificate the control plane's certificate must chain to (`https://`; default:
+    /// the system's roots).
+    #[arg(long, env = "FERRY_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
+    /// PEM client certificate for mTLS; it names this agent with the SAN URI
+    /// `ferry://agent/AGENT_ID`.
+    #[arg(long, env = "FERRY_CLIENT_CERT", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of `--client-cert`.
+    #[arg(long, env = "FERRY_CLIENT_KEY", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+}
+
+impl RunArgs {
+    /// What this agent presents to the control plane: the token of
+    /// `--token-file` (else `FERRY_TOKEN`), the CA and the client certificate.
+    pub fn client_auth(&self) -> anyhow::Result<ClientAuth> {
+        let token = match &self.token_file {
+            Some(path) => Some(ClientAuth::read_token_file(path)?),
+            None => std::env::var("FERRY_TOKEN").ok(),
+        };
+        Ok(ClientAuth::new(
+            token.as_deref(),
+            self.ca_cert.as_deref(),
+            self.client_cert.as_deref(),
+            self.client_key.as_deref(),
+        )?)
+    }
 }
 
 /// Sets up logging and span export for `ferry-agent run` (inside the runtime).
@@ -172,7 +216,7 @@ mod tests {
     fn run_args(args: &[&str]) -> Result<RunArgs, clap::Error> {
         let cli = Cli::try_parse_from(std::iter::once("ferry-agent").chain(args.iter().copied()))?;
         match cli.command {
-            Command::Run(run) => Ok(run),
+            Command::Run(run) => Ok(*run),
             Command::Validate(_) => panic!("not run"),
         }
     }

@@ -78,9 +78,20 @@ async fn serve(args: &RunArgs, config: &std::path::Path, valid: ValidConfig) -> 
     let mut signals = Signals::install()?;
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::default();
-    // Bind first: a taken port is an error before any broker connection.
+    // Bind, then credentials: a taken port or a missing credential is an
+    // error before any broker connection.
+    let stop_watching = tokio_util::sync::CancellationToken::new();
+    let _stop_watching = stop_watching.clone().drop_guard();
     let listener = match args.admin_listen {
-        Some(addr) => Some(admin::bind(addr).await?),
+        Some(addr) => {
+            let listener = admin::bind(addr).await?;
+            let (auth, tls) = args
+                .admin_security
+                .load("admin", stop_watching)
+                .context("admin listener")?;
+            let tls = tls.map(|tls| tls.rustls()).transpose()?;
+            Some((listener, auth, tls))
+        }
         None => None,
     };
     let deps = Deps {
@@ -88,17 +99,18 @@ async fn serve(args: &RunArgs, config: &std::path::Path, valid: ValidConfig) -> 
         metrics: Arc::clone(&metrics),
         readiness: readiness.clone(),
         control_plane: None,
+        client: args.client_auth()?,
     };
     let mut bridge = Bridge::start(&valid, deps)
         .await
         .context("starting the bridge")?;
     let admin = match listener {
-        Some(listener) => {
+        Some((listener, auth, tls)) => {
             let mut router = admin::router(Arc::clone(&metrics), readiness);
             if let Some(dlq) = bridge.dlq() {
-                router = admin::with_grpc(router, dlq, bridge.redrive());
+                router = admin::with_grpc(router, dlq, bridge.redrive(), auth)?;
             }
-            Some(admin::Running::start(listener, router).context("admin listener")?)
+            Some(admin::Running::start(listener, tls, router).context("admin listener")?)
         }
         None => None,
     };

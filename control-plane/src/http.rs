@@ -147,9 +147,12 @@ struct AgentSessionLabels {
     session: String,
 }
 
-/// Serves HTTP on `listener` until `shutdown` resolves.
+/// Serves HTTP on `listener` (HTTPS with `tls`) until `shutdown` resolves.
+/// `/metrics` and `/healthz` need no credential: they are for scrapers and
+/// probes, and show figures, never configurations or messages.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     store: Arc<dyn StateStore>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -157,9 +160,7 @@ pub async fn serve(
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(store);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    ferry_shared::listener::serve(listener, tls, app, shutdown).await
 }
 
 async fn metrics(State(store): State<Arc<dyn StateStore>>) -> Response {

@@ -11,24 +11,27 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use ferry_control_plane::server::ControlPlane;
+use ferry_control_plane::server::{ControlPlane, Security};
 use ferry_control_plane::services::Options;
 use ferry_control_plane::state::{StateUrl, open_state_store};
-use ferry_shared::config::secret::mask_url;
+use ferry_shared::auth::flags::ServerSecurityArgs;
+use ferry_shared::auth::tls::ServerTls;
 use ferry_shared::config::ProcessEnv;
+use ferry_shared::config::secret::mask_url;
 use ferry_shared::os::{self, ListenError};
 use ferry_shared::telemetry::{Telemetry, TelemetryArgs};
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tracing::info;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 /// Examples under `ferry-control-plane --help`.
 const EXAMPLES: &str = "\
 Examples:
-  # State in ./ferry-data/state.db (created when missing), Prometheus on :9090/metrics
-  ferry-control-plane --listen 127.0.0.1:50051 --http-listen 127.0.0.1:9090
-  # Replicas sharing one PostgreSQL database
-  ferry-control-plane --listen 0.0.0.0:50051 --state postgres://ferry@db/ferry";
+  # Development: state in ./ferry-data/state.db, Prometheus on :9090/metrics, no credentials
+  ferry-control-plane --listen 127.0.0.1:50051 --http-listen 127.0.0.1:9090 --insecure
+  # Production: TLS, bearer tokens and agent certificates, replicas on one PostgreSQL
+  ferry-control-plane --listen 0.0.0.0:50051 --state postgres://ferry@db/ferry --tls-cert /etc/ferry/tls.crt --tls-key /etc/ferry/tls.key --client-ca /etc/ferry/ca.crt --tokens /etc/ferry/tokens.yaml";
 
 /// Ferry's control plane: bridge configurations, agents, leases, dead
 /// letters and metrics over gRPC.
@@ -61,6 +64,9 @@ struct Args {
     /// Logging and span export.
     #[command(flatten)]
     telemetry: TelemetryArgs,
+    /// TLS and credentials of both listeners.
+    #[command(flatten)]
+    security: ServerSecurityArgs,
 }
 
 #[tokio::main]
@@ -99,6 +105,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--heartbeat-interval-ms must be positive");
     }
 
+    let stop_watching = CancellationToken::new();
+    let _stop_watching = stop_watching.clone().drop_guard();
+    let (auth, tls) = args.security.load("control plane", stop_watching)?;
+    let http_tls = tls.as_ref().map(ServerTls::rustls).transpose()?;
+
     let state_url = args
         .state
         .clone()
@@ -117,7 +128,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         command_timeout: Duration::from_millis(args.command_timeout_ms),
         ..Options::default()
     };
-    let control_plane = ControlPlane::new(store.clone(), options);
+    let control_plane =
+        ControlPlane::new(store.clone(), options).with_security(Security { auth, tls });
     let shutdown = control_plane.context().shutdown.clone();
 
     let http = match args.http_listen {
@@ -127,7 +139,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             info!(listen = %bound, "control plane serving /metrics");
             let stop = shutdown.clone().cancelled_owned();
             Some(tokio::spawn(ferry_control_plane::http::serve(
-                listener, store, stop,
+                listener, http_tls, store, stop,
             )))
         }
         None => None,

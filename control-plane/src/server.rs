@@ -3,6 +3,10 @@
 //! `ferry.v1` service reports SERVING once registered) and server reflection
 //! (`grpc.reflection.v1` and `v1alpha`, for `grpcurl`).
 //!
+//! Every call passes the authentication layer ([`AuthLayer`]): a credential
+//! checked against the role table of `ferry_shared::auth::policy`, unless
+//! the server runs in the explicit open mode ([`Security::insecure`]).
+//!
 //! [`ControlPlane::serve`] runs until its shutdown future resolves: then the
 //! shared cancellation token ends every agent stream cleanly (each records its
 //! agent as disconnected first), in-flight calls finish, and it returns.
@@ -13,6 +17,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use ferry_shared::api::v1 as pb;
+use ferry_shared::auth::layer::{AuthLayer, Authenticator};
+use ferry_shared::auth::tls::ServerTls;
 use pb::agent_service_server::AgentServiceServer;
 use pb::config_service_server::ConfigServiceServer;
 use pb::dlq_service_server::DlqServiceServer;
@@ -25,6 +31,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tonic::transport::server::{Connected, Router};
+use tower::layer::util::{Identity, Stack};
 
 use crate::services::agent::AgentServiceImpl;
 use crate::services::config::ConfigServiceImpl;
@@ -52,17 +59,46 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// How the server authenticates its callers and whether it speaks TLS.
+#[derive(Debug, Clone)]
+pub struct Security {
+    /// Credentials checked on every call ([`AuthLayer`]).
+    pub auth: Authenticator,
+    /// TLS (and mTLS with a client CA); plain HTTP/2 when `None`.
+    pub tls: Option<ServerTls>,
+}
+
+impl Security {
+    /// The open development mode: no TLS, every caller is
+    /// [`Principal::insecure`](ferry_shared::auth::Principal::insecure).
+    pub fn insecure() -> Self {
+        Self {
+            auth: Authenticator::Insecure,
+            tls: None,
+        }
+    }
+}
+
 /// The control plane: its services over one state store.
 pub struct ControlPlane {
     ctx: Context,
+    security: Security,
 }
 
 impl ControlPlane {
-    /// A control plane over `store`.
+    /// A control plane over `store`, in the open development mode until
+    /// [`Self::with_security`] says otherwise (the binary always says: it
+    /// refuses to start without credentials or `--insecure`).
     pub fn new(store: Arc<dyn StateStore>, options: Options) -> Self {
         Self {
             ctx: Context::new(store, options, CancellationToken::new()),
+            security: Security::insecure(),
         }
+    }
+
+    /// The same control plane, authenticating and encrypting as `security` says.
+    pub fn with_security(self, security: Security) -> Self {
+        Self { security, ..self }
     }
 
     /// The shared context (state store, agent registry, shutdown token).
@@ -70,7 +106,7 @@ impl ControlPlane {
         &self.ctx
     }
 
-    async fn router(&self) -> Result<Router, ServeError> {
+    async fn router(&self) -> Result<Router<Stack<AuthLayer, Identity>>, ServeError> {
         let (reporter, health) = tonic_health::server::health_reporter();
         let reflection_v1 = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(ferry_shared::api::FILE_DESCRIPTOR_SET)
@@ -102,8 +138,13 @@ impl ControlPlane {
             .set_serving::<MetricsServiceServer<MetricsServiceImpl>>()
             .await;
 
-        Ok(Server::builder()
-            .trace_fn(crate::rpc_span::rpc_span)
+        // One span per RPC (outermost, so a refused call has one too).
+        let mut server = Server::builder().trace_fn(crate::rpc_span::rpc_span);
+        if let Some(tls) = &self.security.tls {
+            server = server.tls_config(tls.tonic())?;
+        }
+        Ok(server
+            .layer(AuthLayer::new(self.security.auth.clone()))
             .add_service(health)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)

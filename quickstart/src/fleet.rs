@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ferry_agent::control::managed;
-use ferry_control_plane::server::ControlPlane;
+use ferry_control_plane::server::{ControlPlane, Security};
 use ferry_control_plane::services::Options;
 use ferry_control_plane::state::open_state_store;
 use ferry_shared::api::v1 as pb;
+use ferry_shared::auth::client::ClientAuth;
 use pb::config_service_client::ConfigServiceClient;
 use pb::lease_service_client::LeaseServiceClient;
 use pb::metrics_service_client::MetricsServiceClient;
@@ -91,12 +92,15 @@ impl Fleet {
         let http = bind().await?;
         let endpoint = format!("http://{}", grpc.local_addr()?);
         let metrics_url = format!("http://{}/metrics", http.local_addr()?);
-        let control_plane = ControlPlane::new(store.clone(), Options::default());
+        // The open development mode, on loopback only and for the life of
+        // this process (ADR 0009); `print_ferryctl` says so.
+        let control_plane = ControlPlane::new(store.clone(), Options::default())
+            .with_security(Security::insecure());
         let control_plane_stop = control_plane.context().shutdown.clone();
         let http_stop = control_plane_stop.clone().cancelled_owned();
         let served = control_plane.serve(grpc, control_plane_stop.clone().cancelled_owned());
         let control_plane = tokio::spawn(async move {
-            let http = ferry_control_plane::http::serve(http, store, http_stop);
+            let http = ferry_control_plane::http::serve(http, None, store, http_stop);
             let (grpc, http) = tokio::join!(served, http);
             if let Err(error) = grpc {
                 tracing::error!(%error, "the control plane failed");
@@ -116,6 +120,8 @@ impl Fleet {
             labels: BTreeMap::from([(LABEL.0.to_owned(), LABEL.1.to_owned())]),
             metrics_interval: METRICS_INTERVAL,
             admin_listener: Some(admin),
+            admin_tls: None,
+            client: ClientAuth::default(),
         };
         let agent_stop = CancellationToken::new();
         let agent = tokio::spawn(managed::serve(

@@ -503,6 +503,9 @@ fn describe(bridge: &ValidConfig) -> String {
 }
 
 fn print_ferryctl(screen: &mut Screen, endpoint: &str) {
+    screen.event(&format!(
+        "The control plane at {endpoint} runs in the open development mode (--insecure): no credentials, loopback only, gone when this process ends."
+    ));
     screen.event("Try ferryctl against this control plane while it runs (another terminal):");
     let ferryctl = ferryctl_command();
     for (args, what) in [

@@ -8,6 +8,21 @@
 //! passing that layer (a test calling a service directly) has no principal:
 //! [`Caller::of`] then names it [`Principal::unauthenticated`], which no
 //! authorization check grants anything beyond what the open mode grants.
+//!
+//! - [`tokens`]: the hashed token file and its reloading;
+//! - [`certs`]: client certificates (`ferry://ROLE/NAME` SAN URIs) as principals;
+//! - [`policy`]: the one table of which role may call which RPC;
+//! - [`layer`]: the tower layer that authenticates and checks that table;
+//! - [`flags`]: the security flags of every server;
+//! - [`tls`], [`client`]: TLS for servers, and the credentials clients present.
+
+pub mod certs;
+pub mod client;
+pub mod flags;
+pub mod layer;
+pub mod policy;
+pub mod tls;
+pub mod tokens;
 
 use std::fmt;
 use std::net::SocketAddr;

@@ -1,7 +1,8 @@
 //! ferry-shared: what the agent and the control plane have in common.
 //!
-//! - [`auth`]: the principal an authenticated request carries and the
-//!   caller audit records name.
+//! - [`auth`]: authentication and TLS — bearer tokens, client
+//!   certificates, the role table and the tower layer that checks them, the
+//!   clients' credentials — and the caller audit records name.
 //! - [`audit`]: the structured audit events (target `ferry::audit`) of what
 //!   operators change: configurations, dead letters, leases.
 //! - [`api`]: the generated `ferry.v1` gRPC messages, clients and servers
@@ -14,6 +15,7 @@
 //!   argument) every lease backend of both halves applies.
 //! - [`config`]: the bridge configuration model (the YAML document), its
 //!   loading with `${VAR}` expansion, and the pure validator both halves run.
+//! - [`listener`]: the accept loop of the HTTP listeners, plain or TLS.
 //! - [`telemetry`]: the one logging and tracing set-up of every binary
 //!   (OTLP export through a bounded queue) and W3C trace context
 //!   propagation.
@@ -30,5 +32,6 @@ pub mod config;
 pub mod dlq;
 pub mod envelope;
 pub mod lease;
+pub mod listener;
 pub mod os;
 pub mod telemetry;

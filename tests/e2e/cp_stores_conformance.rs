@@ -19,6 +19,7 @@ use ferry_agent::stores::{
 use ferry_control_plane::server::ControlPlane;
 use ferry_control_plane::services::{Clock, Options};
 use ferry_control_plane::state::open_state_store;
+use ferry_shared::auth::client::ClientAuth;
 use ferry_shared::config::store::ControlPlaneOptions;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -81,7 +82,8 @@ async fn control_plane() -> (ControlPlaneOptions, TestClock, Guard) {
 
 async fn control_plane_lease() -> (Remote<ControlPlaneLeaseStore>, Guard) {
     let (options, clock, guard) = control_plane().await;
-    let store = ControlPlaneLeaseStore::open(&options).expect("open lease store");
+    let store =
+        ControlPlaneLeaseStore::open(&options, &ClientAuth::default()).expect("open lease store");
     let remote = Remote {
         store,
         options,
@@ -92,7 +94,8 @@ async fn control_plane_lease() -> (Remote<ControlPlaneLeaseStore>, Guard) {
 
 async fn control_plane_dlq() -> (Remote<ControlPlaneDlqStore>, Guard) {
     let (options, clock, guard) = control_plane().await;
-    let store = ControlPlaneDlqStore::open(&options).expect("open dlq store");
+    let store =
+        ControlPlaneDlqStore::open(&options, &ClientAuth::default()).expect("open dlq store");
     let remote = Remote {
         store,
         options,
@@ -105,7 +108,8 @@ impl Harness for Remote<ControlPlaneLeaseStore> {
     const DURABLE: bool = true;
     fn reopen(self) -> BoxFuture<'static, Self> {
         Box::pin(async move {
-            let store = ControlPlaneLeaseStore::open(&self.options).expect("reopen lease store");
+            let store = ControlPlaneLeaseStore::open(&self.options, &ClientAuth::default())
+                .expect("reopen lease store");
             Remote { store, ..self }
         })
     }
@@ -115,7 +119,8 @@ impl Harness for Remote<ControlPlaneDlqStore> {
     const DURABLE: bool = true;
     fn reopen(self) -> BoxFuture<'static, Self> {
         Box::pin(async move {
-            let store = ControlPlaneDlqStore::open(&self.options).expect("reopen dlq store");
+            let store = ControlPlaneDlqStore::open(&self.options, &ClientAuth::default())
+                .expect("reopen dlq store");
             Remote { store, ..self }
         })
     }

@@ -20,6 +20,7 @@ mod agent_reload;
 mod agent_support;
 mod agent_tracing;
 mod agent_visibility;
+mod auth;
 mod control_plane;
 mod cp_stores;
 mod cp_stores_conformance;

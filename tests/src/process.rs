@@ -13,6 +13,11 @@
 //! never signal a recycled pid. For the harness's own servers the watchdog also removes their
 //! temporary directory, which nobody else would then delete.
 //!
+//! **Open mode unless asked.** Every child starts with `FERRY_INSECURE=true` (the explicit
+//! development mode of `ferry-control-plane` and of an agent's admin listener) unless the test
+//! set `FERRY_INSECURE` itself: a test of authentication sets it to `false` and passes its
+//! credentials (`tests/e2e/auth_*.rs`). Other programs ignore the variable.
+//!
 //! The project's binaries are found next to the test executable ([`project_bin`]): Cargo puts
 //! them in `target/<profile>/`, test executables in `target/<profile>/deps/`. They must be built
 //! before the tests run: `cargo build --workspace --bins --tests` (`./scripts/test.sh` does it;
@@ -28,6 +33,9 @@ use anyhow::{Context, bail};
 use tempfile::TempDir;
 
 use crate::wait;
+
+/// The variable of `--insecure`, set for every child that does not set it (see the module).
+pub const INSECURE: &str = "FERRY_INSECURE";
 
 /// A running (or exited) child process with its output captured to files.
 pub struct ChildProcess {
@@ -86,6 +94,9 @@ impl ChildProcess {
         log_dir: &Path,
         temporary: bool,
     ) -> anyhow::Result<Self> {
+        if !command.get_envs().any(|(key, _)| key == INSECURE) {
+            command.env(INSECURE, "true");
+        }
         let stdout_path = log_dir.join(format!("{name}.stdout"));
         let stderr_path = log_dir.join(format!("{name}.stderr"));
         command

@@ -4,7 +4,6 @@
 //! store ([`dlq`]), is served over gRPC on the same port: [`with_grpc`]
 //! merges it into the router.
 
-use std::future::IntoFuture;
 use std::sync::Arc;
 
 use axum::Router;
@@ -12,6 +11,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use ferry_shared::auth::layer::{AuthLayer, Authenticator};
 use ferry_shared::os::ListenError;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -22,16 +22,25 @@ use crate::metrics::Metrics;
 
 pub mod dlq;
 
-/// `router` plus the gRPC `DlqService` of `store`, on one port (HTTP/1 for
-/// the admin routes, HTTP/2 for gRPC).
+/// `router` plus the gRPC `DlqService` of `store` and server reflection, on
+/// one port (HTTP/1 for the admin routes, HTTP/2 for gRPC). Every gRPC call
+/// passes `auth` first (reflection needs no credential); the HTTP routes
+/// are for scrapers and probes and stay open.
 pub fn with_grpc(
     router: Router,
     store: std::sync::Arc<dyn crate::stores::DlqStore>,
     redrive: std::sync::Arc<crate::routes::Redrive>,
-) -> Router {
-    let grpc =
-        tonic::service::Routes::new(dlq::LocalDlq::server(store, redrive)).into_axum_router();
-    router.merge(grpc)
+    auth: Authenticator,
+) -> Result<Router, tonic_reflection::server::Error> {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ferry_shared::api::FILE_DESCRIPTOR_SET)
+        .with_service_name("ferry.v1.DlqService")
+        .build_v1()?;
+    let grpc = tonic::service::Routes::new(dlq::LocalDlq::server(store, redrive))
+        .add_service(reflection)
+        .into_axum_router()
+        .layer(AuthLayer::new(auth));
+    Ok(router.merge(grpc))
 }
 
 #[derive(Clone)]
@@ -68,16 +77,21 @@ pub struct Running {
 }
 
 impl Running {
-    /// Serves `router` on `listener` in a task of its own.
-    pub fn start(listener: TcpListener, router: Router) -> std::io::Result<Self> {
+    /// Serves `router` on `listener` (TLS with `tls`) in a task of its own.
+    pub fn start(
+        listener: TcpListener,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        router: Router,
+    ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
-        tracing::info!(%addr, "admin listening");
+        tracing::info!(%addr, tls = tls.is_some(), "admin listening");
         let stop = CancellationToken::new();
-        let task = tokio::spawn(
-            axum::serve(listener, router)
-                .with_graceful_shutdown(stop.clone().cancelled_owned())
-                .into_future(),
-        );
+        let task = tokio::spawn(ferry_shared::listener::serve(
+            listener,
+            tls,
+            router,
+            stop.clone().cancelled_owned(),
+        ));
         Ok(Self { stop, task })
     }
 
@@ -153,7 +167,8 @@ mod tests {
         let session = readiness.condition("session mqtt-conn connected");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let server = Running::start(listener, router(metrics, readiness.clone())).expect("start");
+        let server =
+            Running::start(listener, None, router(metrics, readiness.clone())).expect("start");
 
         assert_eq!(get_text(addr, "/healthz").await.0, 200);
         let (status, body) = get_text(addr, "/readyz").await;

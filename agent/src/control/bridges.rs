@@ -327,6 +327,7 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
             readiness: Readiness::default(),
             control_plane: None,
+            client: ferry_shared::auth::client::ClientAuth::default(),
         };
         Ok(Bridges::new(deps, ConfigCache::open(&data)?, data, lock))
     }

@@ -11,7 +11,8 @@
 //! does. It is unready only until the cached bridges have been started.
 //! The stream's state is in the log and in `ferryctl get agents`.
 //! The local gRPC `DlqService` is not served: its stores belong to one
-//! bridge, and a managed agent runs several that come and go.
+//! bridge, and a managed agent runs several that come and go. So its admin
+//! listener serves no RPC and needs no credentials, only TLS if asked.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use ferry_shared::auth::client::ClientAuth;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -48,6 +50,10 @@ pub struct Settings {
     /// The admin listener (`/metrics`, `/healthz`, `/readyz`), already bound
     /// so that a taken port is the caller's error before anything starts.
     pub admin_listener: Option<TcpListener>,
+    /// TLS of the admin listener (`--tls-cert`, `--tls-key`); plain when `None`.
+    pub admin_tls: Option<Arc<rustls::ServerConfig>>,
+    /// What the agent presents to the control plane (token, certificate).
+    pub client: ClientAuth,
 }
 
 /// Runs a managed agent until `shutdown` resolves. Errors only before the
@@ -64,6 +70,8 @@ pub async fn serve(
         labels,
         metrics_interval,
         admin_listener,
+        admin_tls,
+        client,
     } = settings;
     // Mode 0700, one line naming the directory when it cannot be created.
     let data_dir = datadir::create(&data_dir)?;
@@ -77,16 +85,20 @@ pub async fn serve(
         metrics: Arc::clone(&metrics),
         readiness: readiness.clone(),
         control_plane: Some(endpoint.clone()),
+        client: client.clone(),
     };
     // Before the admin listener serves: not ready until the cache is run.
     let bridges = Bridges::new(deps, cache, data_dir.clone(), lock);
     let admin = admin_listener
-        .map(|listener| admin::Running::start(listener, admin::router(metrics, readiness)))
+        .map(|listener| {
+            admin::Running::start(listener, admin_tls, admin::router(metrics, readiness))
+        })
         .transpose()
         .context("admin listener")?;
     let identity = Identity {
         agent_id: agent_id.clone(),
         labels,
+        client,
     };
     tracing::info!(agent = %agent_id, control_plane = %endpoint, data_dir = %data_dir.display(), "managed agent starting");
     let stop = CancellationToken::new();

@@ -17,6 +17,7 @@
 //!   never waits for one;
 //! - each kind of message is handled by its own function.
 
+use ferry_shared::auth::client::ClientAuth;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
@@ -40,13 +41,15 @@ const OUTBOUND_BUFFER: usize = 64;
 /// How long a connection attempt, or the answer to the Hello, may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What the agent says about itself.
+/// What the agent says about itself, and the credentials that prove it.
 #[derive(Clone, Debug)]
 pub struct Identity {
     /// Its id.
     pub agent_id: String,
     /// Its labels.
     pub labels: BTreeMap<String, String>,
+    /// Its token or certificate, presented on the stream.
+    pub client: ClientAuth,
 }
 
 /// What goes up the stream besides answers to pushes.
@@ -108,7 +111,7 @@ pub async fn serve(
     heartbeat: &mut Duration,
     shutdown: &CancellationToken,
 ) -> (Reached, Result<(), StreamError>) {
-    let channel = match connect(endpoint).await {
+    let channel = match connect(endpoint, &identity.client).await {
         Ok(channel) => channel,
         Err(e) => return (Reached::No, Err(e)),
     };
@@ -117,7 +120,7 @@ pub async fn serve(
     if out.send(hello).await.is_err() {
         return (Reached::No, Err(StreamError::Closed));
     }
-    let mut client = AgentServiceClient::new(channel);
+    let mut client = AgentServiceClient::new(identity.client.wrap(channel));
     let opened = tokio::time::timeout(CONNECT_TIMEOUT, client.connect(ReceiverStream::new(out_rx)));
     let mut inbound = match opened.await {
         Ok(Ok(response)) => response.into_inner(),
@@ -137,13 +140,14 @@ pub async fn serve(
     (Reached::Yes, result)
 }
 
-async fn connect(endpoint: &str) -> Result<tonic::transport::Channel, StreamError> {
-    let mut ep = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|e| StreamError::Endpoint(format!("{endpoint:?}: {e}")))?
+async fn connect(
+    endpoint: &str,
+    client: &ClientAuth,
+) -> Result<tonic::transport::Channel, StreamError> {
+    let ep = client
+        .endpoint(endpoint)
+        .map_err(StreamError::Endpoint)?
         .connect_timeout(CONNECT_TIMEOUT);
-    if endpoint.starts_with("https://") {
-        ep = ep.tls_config(tonic::transport::ClientTlsConfig::new().with_native_roots())?;
-    }
     Ok(ep.connect().await?)
 }
 

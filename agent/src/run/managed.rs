@@ -32,6 +32,12 @@ pub(super) async fn serve(args: &RunArgs) -> anyhow::Result<()> {
         labels: args.labels.iter().cloned().collect(),
         metrics_interval: std::time::Duration::from_millis(args.metrics_interval_ms),
         admin_listener,
+        admin_tls: args
+            .admin_security
+            .tls()?
+            .map(|tls| tls.rustls())
+            .transpose()?,
+        client: args.client_auth()?,
     };
     let shutdown = async move {
         while signals.next().await == Signal::Reload {

@@ -30,6 +30,7 @@ mod sessions;
 mod settings;
 mod stores;
 
+use ferry_shared::auth::client::ClientAuth;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,6 +64,9 @@ pub struct Deps {
     /// The control plane the agent is managed by (`--control-plane`): the
     /// endpoint of `control_plane` stores that name none.
     pub control_plane: Option<String>,
+    /// The credentials `control_plane` stores present (token, CA, client
+    /// certificate).
+    pub client: ClientAuth,
 }
 
 /// Why a bridge, or a new version of it, could not start.

@@ -1,5 +1,6 @@
 //! Configuration → transport settings and stores.
 
+use ferry_shared::auth::client::ClientAuth;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,10 +157,11 @@ pub(super) async fn outbox(
 }
 
 /// Opens the lease store; `managed_by` is the endpoint of a `control_plane`
-/// store that names none.
+/// store that names none, `client` the credentials it presents.
 pub(super) async fn lease(
     c: &LeaseStoreConfig,
     managed_by: Option<&str>,
+    client: &ClientAuth,
 ) -> Result<Arc<dyn LeaseStore>, BuildError> {
     match c {
         LeaseStoreConfig::Memory(_) => Ok(Arc::new(MemoryLeaseStore::new())),
@@ -167,9 +169,11 @@ pub(super) async fn lease(
             .await
             .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
             .map_err(|e| open_failed("lease", &o.path, e)),
-        LeaseStoreConfig::ControlPlane(o) => ControlPlaneLeaseStore::open(&endpoint(o, managed_by))
-            .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
-            .map_err(|e| BuildError::Store(e.to_string())),
+        LeaseStoreConfig::ControlPlane(o) => {
+            ControlPlaneLeaseStore::open(&endpoint(o, managed_by), client)
+                .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
+                .map_err(|e| BuildError::Store(e.to_string()))
+        }
         other => Err(unsupported("lease", other.type_name())),
     }
 }
@@ -178,6 +182,7 @@ pub(super) async fn lease(
 pub(super) async fn dlq(
     c: &DlqStoreConfig,
     managed_by: Option<&str>,
+    client: &ClientAuth,
 ) -> Result<Arc<dyn DlqStore>, BuildError> {
     match c {
         DlqStoreConfig::Memory(_) => Ok(Arc::new(MemoryDlqStore::new())),
@@ -185,9 +190,11 @@ pub(super) async fn dlq(
             .await
             .map(|s| Arc::new(s) as Arc<dyn DlqStore>)
             .map_err(|e| open_failed("dlq", &o.path, e)),
-        DlqStoreConfig::ControlPlane(o) => ControlPlaneDlqStore::open(&endpoint(o, managed_by))
-            .map(|s| Arc::new(s) as Arc<dyn DlqStore>)
-            .map_err(|e| BuildError::Store(e.to_string())),
+        DlqStoreConfig::ControlPlane(o) => {
+            ControlPlaneDlqStore::open(&endpoint(o, managed_by), client)
+                .map(|s| Arc::new(s) as Arc<dyn DlqStore>)
+                .map_err(|e| BuildError::Store(e.to_string()))
+        }
         other => Err(unsupported("dlq", other.type_name())),
     }
 }

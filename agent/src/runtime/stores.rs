@@ -39,14 +39,14 @@ pub(crate) async fn open(valid: &ValidConfig, deps: &Deps) -> Result<Stores, Bui
     };
     let leases = match &valid.stores.lease {
         Some(c) => Some(observed::lease(
-            settings::lease(c, deps.control_plane.as_deref()).await?,
+            settings::lease(c, deps.control_plane.as_deref(), &deps.client).await?,
             observer("lease"),
         )),
         None => None,
     };
     let dlq = match &valid.stores.dlq {
         Some(c) => Some(observed::dlq(
-            settings::dlq(c, deps.control_plane.as_deref()).await?,
+            settings::dlq(c, deps.control_plane.as_deref(), &deps.client).await?,
             observer("dlq"),
         )),
         None => None,

@@ -17,7 +17,10 @@ use ferry_shared::dlq::backend::{DlqBackend, DlqBackendError, DlqPage, RedriveEr
 use ferry_shared::dlq::service::DlqServer;
 use ferry_shared::dlq::{DlqFilter, DlqStat};
 
+use ferry_shared::auth::Principal;
+
 use super::Context;
+use super::assignment::require_assigned;
 use super::dlq_convert::{backend_error, entry_to_proto, entry_to_store};
 use super::documents;
 use super::registry::Runner;
@@ -90,6 +93,14 @@ impl DlqBackend for StateDlq {
     async fn write(&self, entry: pb::DlqEntry) -> Result<bool, DlqBackendError> {
         let entry = entry_to_store(entry)?;
         self.ctx.store.put_dlq(entry).await.map_err(backend_error)
+    }
+
+    async fn authorize_write(
+        &self,
+        caller: &Principal,
+        entry: &pb::DlqEntry,
+    ) -> Result<(), tonic::Status> {
+        require_assigned(&self.ctx, caller, &entry.bridge_id).await
     }
 
     async fn list(

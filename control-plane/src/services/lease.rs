@@ -10,11 +10,13 @@
 
 use ferry_shared::api::v1 as pb;
 use ferry_shared::audit::{self, Action, Outcome};
-use ferry_shared::auth::{Caller, Role};
+use ferry_shared::auth::policy::require_own_agent;
+use ferry_shared::auth::{Caller, Principal, Role};
 use pb::lease_service_server::LeaseService;
 use tonic::{Request, Response, Status};
 
 use super::Context;
+use super::assignment::{lease_bridge, require_assigned};
 use super::status::{page, positive_duration, require, state_status, timestamp};
 use crate::rpc_span;
 use crate::state::{Lease, LeaseAcquisition};
@@ -46,15 +48,22 @@ fn lease(lease: Lease) -> pb::Lease {
 /// made it.
 fn audit_lease<T>(caller: &Caller, action: Action, key: &str, result: &Result<T, Status>) {
     if matches!(caller.principal.role, Role::Admin | Role::Operator) {
-        // The key is `{bridge}/{partition}`.
-        let bridge = key.split_once('/').map_or(key, |(bridge, _)| bridge);
         audit::record(
             caller,
             action,
-            bridge,
+            lease_bridge(key),
             &format!("key {key}"),
             &Outcome::of(result),
         );
+    }
+}
+
+impl LeaseServiceImpl {
+    /// An agent takes and renews leases only as itself and only for the
+    /// bridges assigned to it.
+    async fn authorize(&self, caller: &Principal, key: &str, holder: &str) -> Result<(), Status> {
+        require_own_agent(caller, holder, "the lease holder")?;
+        require_assigned(&self.ctx, caller, lease_bridge(key)).await
     }
 }
 
@@ -70,12 +79,15 @@ fn require_version(version: u64) -> Result<(), Status> {
 impl LeaseServiceImpl {
     async fn acquire(
         &self,
+        caller: &Principal,
         request: &pb::AcquireLeaseRequest,
     ) -> Result<pb::AcquireLeaseResponse, Status> {
         require("key", &request.key)?;
         require("holder", &request.holder)?;
         rpc_span::record_agent(&request.holder);
         rpc_span::record_bridge(&request.key);
+        self.authorize(caller, &request.key, &request.holder)
+            .await?;
         let ttl = positive_duration("ttl", request.ttl)?;
         let outcome = self
             .ctx
@@ -101,11 +113,18 @@ impl LeaseServiceImpl {
         })
     }
 
-    async fn release(&self, request: &pb::ReleaseLeaseRequest) -> Result<(), Status> {
+    async fn release(
+        &self,
+        caller: &Principal,
+        request: &pb::ReleaseLeaseRequest,
+    ) -> Result<(), Status> {
         require("key", &request.key)?;
         require("holder", &request.holder)?;
         rpc_span::record_agent(&request.holder);
         rpc_span::record_bridge(&request.key);
+        // Giving a lease up needs no assignment (a withdrawn bridge's drainer
+        // still releases), only the agent's own id.
+        require_own_agent(caller, &request.holder, "the lease holder")?;
         require_version(request.version)?;
         self.ctx
             .store
@@ -123,7 +142,7 @@ impl LeaseService for LeaseServiceImpl {
     ) -> Result<Response<pb::AcquireLeaseResponse>, Status> {
         let caller = Caller::of(&request);
         let request = request.into_inner();
-        let result = self.acquire(&request).await;
+        let result = self.acquire(&caller.principal, &request).await;
         // A lease held by somebody else is left as it was: nothing to audit.
         let held_by_other = result.as_ref().is_ok_and(|r| {
             matches!(
@@ -141,11 +160,14 @@ impl LeaseService for LeaseServiceImpl {
         &self,
         request: Request<pb::RenewLeaseRequest>,
     ) -> Result<Response<pb::RenewLeaseResponse>, Status> {
+        let caller = Caller::of(&request).principal;
         let request = request.into_inner();
         require("key", &request.key)?;
         require("holder", &request.holder)?;
         rpc_span::record_agent(&request.holder);
         rpc_span::record_bridge(&request.key);
+        self.authorize(&caller, &request.key, &request.holder)
+            .await?;
         require_version(request.version)?;
         let ttl = positive_duration("ttl", request.ttl)?;
         let renewed = self
@@ -171,7 +193,7 @@ impl LeaseService for LeaseServiceImpl {
     ) -> Result<Response<pb::ReleaseLeaseResponse>, Status> {
         let caller = Caller::of(&request);
         let request = request.into_inner();
-        let result = self.release(&request).await;
+        let result = self.release(&caller.principal, &request).await;
         audit_lease(&caller, Action::LeaseRelease, &request.key, &result);
         result.map(|()| Response::new(pb::ReleaseLeaseResponse {}))
     }

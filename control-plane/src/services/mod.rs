@@ -9,6 +9,8 @@
 //! - [`dlq`]: the shared `DlqService` of `ferry_shared::dlq::service` over
 //!   the state store ([`dlq_convert`]) and the connected agents;
 //! - [`lease`], [`metrics`]: the other services;
+//! - [`assignment`]: an agent acts only for the bridges assigned to it
+//!   (the body-dependent part of the authorization);
 //! - [`status`]: the one mapping of errors to gRPC statuses and the shared
 //!   request checks.
 
@@ -21,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::state::StateStore;
 
 pub mod agent;
+pub mod assignment;
 pub mod config;
 pub mod dlq;
 pub mod dlq_convert;

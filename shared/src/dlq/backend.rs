@@ -84,6 +84,17 @@ pub trait DlqBackend: Send + Sync + 'static {
     /// (nothing changed).
     async fn write(&self, entry: pb::DlqEntry) -> Result<bool, DlqBackendError>;
 
+    /// The part of a write's authorization that depends on the entry (the
+    /// role table already allowed the call): the control plane lets an
+    /// agent write only for the bridges assigned to it. Allows by default.
+    async fn authorize_write(
+        &self,
+        _caller: &crate::auth::Principal,
+        _entry: &pb::DlqEntry,
+    ) -> Result<(), tonic::Status> {
+        Ok(())
+    }
+
     /// At most `size` entries matching `filter` (`size` is already within
     /// the served limits), oldest first, after the page `token` names.
     async fn list(

@@ -20,8 +20,10 @@
 //!   ([`crate::audit`]) naming the caller, what was selected and the
 //!   outcome, also when refused.
 //!
-//! Authorization (issue 16) belongs here too, once per RPC, so that both
-//! halves check it the same way.
+//! Authorization: the role table of [`crate::auth::policy`] is checked by
+//! the authentication layer before a call reaches this service; what depends
+//! on the entry (an agent writes only for its own bridges) is asked of the
+//! backend ([`DlqBackend::authorize_write`]) before a write.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -200,7 +202,11 @@ impl DlqService for DlqServer {
         &self,
         request: Request<pb::WriteDlqEntryRequest>,
     ) -> Result<Response<pb::WriteDlqEntryResponse>, Status> {
+        let caller = crate::auth::Caller::of(&request).principal;
         let written = check_written_entry(request.into_inner().entry).map_err(invalid)?;
+        self.backend
+            .authorize_write(&caller, &written.entry)
+            .await?;
         let entry = pb::DlqEntry {
             envelope: Some(written.envelope),
             dead_lettered_at: Some(

@@ -3,9 +3,9 @@
 //! entry is durable: a dead letter is never settled on an unconfirmed write.
 
 use ferry_shared::api::v1 as pb;
+use ferry_shared::auth::client::{AuthChannel, ClientAuth};
 use ferry_shared::config::store::ControlPlaneOptions;
 use pb::dlq_service_client::DlqServiceClient;
-use tonic::transport::Channel;
 
 use super::{Service, channel, store_error, time};
 use crate::stores::{
@@ -16,15 +16,15 @@ use crate::stores::{
 /// Dead letters kept by the control plane.
 #[derive(Clone, Debug)]
 pub struct ControlPlaneDlqStore {
-    client: DlqServiceClient<Channel>,
+    client: DlqServiceClient<AuthChannel>,
 }
 
 impl ControlPlaneDlqStore {
     /// A store over the endpoint of `options`; connects on first use.
     /// `Invalid` when the endpoint is unset or malformed.
-    pub fn open(options: &ControlPlaneOptions) -> StoreResult<Self> {
+    pub fn open(options: &ControlPlaneOptions, client: &ClientAuth) -> StoreResult<Self> {
         Ok(Self {
-            client: DlqServiceClient::new(channel("dlq", options)?),
+            client: DlqServiceClient::new(channel("dlq", options, client)?),
         })
     }
 }

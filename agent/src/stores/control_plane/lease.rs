@@ -13,10 +13,10 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use ferry_shared::api::v1 as pb;
+use ferry_shared::auth::client::{AuthChannel, ClientAuth};
 use ferry_shared::config::store::ControlPlaneOptions;
 use pb::acquire_lease_response::Outcome;
 use pb::lease_service_client::LeaseServiceClient;
-use tonic::transport::Channel;
 
 use super::{REQUEST_TIMEOUT, Service, channel, store_error, time};
 use crate::stores::{
@@ -26,7 +26,7 @@ use crate::stores::{
 /// Leases kept by the control plane.
 #[derive(Clone, Debug)]
 pub struct ControlPlaneLeaseStore {
-    client: LeaseServiceClient<Channel>,
+    client: LeaseServiceClient<AuthChannel>,
 }
 
 /// How many leases one `ListLeases` page asks for.
@@ -35,9 +35,9 @@ const LIST_PAGE_SIZE: u32 = 1000;
 impl ControlPlaneLeaseStore {
     /// A store over the endpoint of `options`; connects on first use.
     /// `Invalid` when the endpoint is unset or malformed.
-    pub fn open(options: &ControlPlaneOptions) -> StoreResult<Self> {
+    pub fn open(options: &ControlPlaneOptions, client: &ClientAuth) -> StoreResult<Self> {
         Ok(Self {
-            client: LeaseServiceClient::new(channel("lease", options)?),
+            client: LeaseServiceClient::new(channel("lease", options, client)?),
         })
     }
 }
@@ -227,9 +227,12 @@ mod tests {
                 held.push(socket);
             }
         });
-        let store = ControlPlaneLeaseStore::open(&ControlPlaneOptions {
-            endpoint: Some(format!("http://{addr}")),
-        })
+        let store = ControlPlaneLeaseStore::open(
+            &ControlPlaneOptions {
+                endpoint: Some(format!("http://{addr}")),
+            },
+            &ClientAuth::default(),
+        )
         .expect("open");
         let ttl = Duration::from_millis(900);
         let started = Instant::now();
@@ -252,9 +255,12 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("address");
         drop(listener);
-        let store = ControlPlaneLeaseStore::open(&ControlPlaneOptions {
-            endpoint: Some(format!("http://{addr}")),
-        })
+        let store = ControlPlaneLeaseStore::open(
+            &ControlPlaneOptions {
+                endpoint: Some(format!("http://{addr}")),
+            },
+            &ClientAuth::default(),
+        )
         .expect("open");
         let acquired = store
             .acquire("k", "A", Duration::from_secs(15), SystemTime::now())

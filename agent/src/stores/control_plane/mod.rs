@@ -38,9 +38,9 @@
 
 use std::time::{Duration, SystemTime};
 
+use ferry_shared::auth::client::{AuthChannel, ClientAuth};
 use ferry_shared::config::store::ControlPlaneOptions;
 use tonic::Code;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use super::StoreError;
 
@@ -87,9 +87,13 @@ pub(crate) fn store_error(service: Service, status: &tonic::Status) -> StoreErro
 }
 
 /// A lazily connecting channel to the endpoint of `options` (`store` names
-/// the store in errors: `lease` or `dlq`). `Invalid` when the endpoint is
-/// unset or not an `http://` or `https://` URL.
-pub(crate) fn channel(store: &str, options: &ControlPlaneOptions) -> Result<Channel, StoreError> {
+/// the store in errors: `lease` or `dlq`), presenting `client`'s credentials.
+/// `Invalid` when the endpoint is unset or not an `http://` or `https://` URL.
+pub(crate) fn channel(
+    store: &str,
+    options: &ControlPlaneOptions,
+    client: &ClientAuth,
+) -> Result<AuthChannel, StoreError> {
     let Some(url) = options.endpoint.as_deref() else {
         return Err(StoreError::Invalid(format!(
             "stores.{store}.options.endpoint must be set when the agent is not managed by a control plane (--control-plane)"
@@ -98,18 +102,12 @@ pub(crate) fn channel(store: &str, options: &ControlPlaneOptions) -> Result<Chan
     let bad = |e: &dyn std::fmt::Display| {
         StoreError::Invalid(format!("stores.{store}.options.endpoint {url:?}: {e}"))
     };
-    let mut endpoint = Endpoint::from_shared(url.to_owned())
+    let endpoint = client
+        .endpoint(url)
         .map_err(|e| bad(&e))?
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(REQUEST_TIMEOUT);
-    if url.starts_with("https://") {
-        endpoint = endpoint
-            .tls_config(ClientTlsConfig::new().with_native_roots())
-            .map_err(|e| bad(&e))?;
-    } else if !url.starts_with("http://") {
-        return Err(bad(&"must start with http:// or https://"));
-    }
-    Ok(endpoint.connect_lazy())
+    Ok(client.wrap(endpoint.connect_lazy()))
 }
 
 /// A timestamp the control plane sent, `Corrupt` when missing or out of range.
@@ -155,14 +153,15 @@ mod tests {
             endpoint: Some(e.to_owned()),
         };
         // Nothing listens there: opening still succeeds (lazy).
-        assert!(channel("lease", &with("http://127.0.0.1:9")).is_ok());
-        assert!(channel("dlq", &with("https://cp.example:50051")).is_ok());
-        let unset = channel("dlq", &ControlPlaneOptions::default()).expect_err("unset");
+        let client = ClientAuth::default();
+        assert!(channel("lease", &with("http://127.0.0.1:9"), &client).is_ok());
+        assert!(channel("dlq", &with("https://cp.example:50051"), &client).is_ok());
+        let unset = channel("dlq", &ControlPlaneOptions::default(), &client).expect_err("unset");
         assert!(
             unset.to_string().contains("stores.dlq.options.endpoint"),
             "{unset}"
         );
-        let bad = channel("lease", &with("grpc://cp:1")).expect_err("scheme");
+        let bad = channel("lease", &with("grpc://cp:1"), &client).expect_err("scheme");
         assert!(matches!(bad, StoreError::Invalid(_)), "{bad}");
     }
 }

@@ -3,9 +3,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::Channel;
 use anyhow::Context;
 use ferry_shared::api::v1 as pb;
+use ferry_shared::auth::client::AuthChannel;
 use pb::agent_service_client::AgentServiceClient;
 use pb::metrics_service_client::MetricsServiceClient;
 use serde::Serialize;
@@ -16,7 +16,7 @@ use crate::paging::all_pages;
 
 /// `ferryctl get agents`: every agent with its latest snapshot, then (tables)
 /// the fleet's totals.
-pub async fn list(channel: Channel, out: Format) -> anyhow::Result<()> {
+pub async fn list(channel: AuthChannel, out: Format) -> anyhow::Result<()> {
     let client = AgentServiceClient::new(channel.clone());
     let agents = all_pages(|page_token| {
         let mut client = client.clone();
@@ -71,7 +71,7 @@ pub async fn list(channel: Channel, out: Format) -> anyhow::Result<()> {
 /// `ferryctl get agents --watch`: [`list`] every `seconds` until Ctrl-C;
 /// clears the screen first when stdout is a terminal and the output a table
 /// (a pipe gets each refresh after the previous one).
-pub async fn watch(channel: Channel, out: Format, seconds: u64) -> anyhow::Result<()> {
+pub async fn watch(channel: AuthChannel, out: Format, seconds: u64) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     let clear = out == Format::Table && std::io::stdout().is_terminal();
     let mut ticker = tokio::time::interval(std::time::Duration::from_secs(seconds));
@@ -93,7 +93,7 @@ pub async fn watch(channel: Channel, out: Format, seconds: u64) -> anyhow::Resul
 
 /// `ferryctl describe agent`: one agent, the status of each configuration
 /// pushed to it, and its latest snapshot when it sent one.
-pub async fn describe(channel: Channel, out: Format, agent_id: String) -> anyhow::Result<()> {
+pub async fn describe(channel: AuthChannel, out: Format, agent_id: String) -> anyhow::Result<()> {
     let agent = AgentServiceClient::new(channel.clone())
         .get_agent(pb::GetAgentRequest { agent_id })
         .await?

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::Channel;
 use anyhow::Context;
 use ferry_shared::api::v1 as pb;
+use ferry_shared::auth::client::AuthChannel;
 use pb::config_service_client::ConfigServiceClient;
 use serde::Serialize;
 
@@ -27,7 +27,7 @@ pub fn read_document(file: &Path) -> anyhow::Result<Vec<u8>> {
 /// `ferryctl apply`: stores `yaml` as the bridge's next version (unless it
 /// equals the current one).
 pub async fn apply(
-    channel: Channel,
+    channel: AuthChannel,
     out: Format,
     yaml: Vec<u8>,
     selector: Vec<(String, String)>,
@@ -64,7 +64,7 @@ pub async fn apply(
 /// `ferryctl get configs`: the current version of every configuration; with
 /// `-o json|yaml` each with its document (secrets masked by the control
 /// plane unless `show_secrets`, which needs the admin role).
-pub async fn list(channel: Channel, out: Format, show_secrets: bool) -> anyhow::Result<()> {
+pub async fn list(channel: AuthChannel, out: Format, show_secrets: bool) -> anyhow::Result<()> {
     let client = ConfigServiceClient::new(channel);
     let configs = all_pages(|page_token| {
         let mut client = client.clone();
@@ -87,7 +87,7 @@ pub async fn list(channel: Channel, out: Format, show_secrets: bool) -> anyhow::
 }
 
 /// `ferryctl get routes`: the routes of a configuration's current version.
-pub async fn routes(channel: Channel, out: Format, bridge_id: String) -> anyhow::Result<()> {
+pub async fn routes(channel: AuthChannel, out: Format, bridge_id: String) -> anyhow::Result<()> {
     let stored = get(channel, bridge_id, None, false).await?;
     output::list(out, &RouteView::from_document(&stored.yaml)?)
 }
@@ -95,7 +95,7 @@ pub async fn routes(channel: Channel, out: Format, bridge_id: String) -> anyhow:
 /// `ferryctl describe config`: one version with its document (secrets
 /// masked unless `show_secrets`).
 pub async fn describe(
-    channel: Channel,
+    channel: AuthChannel,
     out: Format,
     bridge_id: String,
     version: Option<u64>,
@@ -106,7 +106,7 @@ pub async fn describe(
 }
 
 /// `ferryctl history`: every version of a configuration, newest first.
-pub async fn history(channel: Channel, out: Format, bridge_id: String) -> anyhow::Result<()> {
+pub async fn history(channel: AuthChannel, out: Format, bridge_id: String) -> anyhow::Result<()> {
     let client = ConfigServiceClient::new(channel);
     let versions = all_pages(|page_token| {
         let (mut client, bridge_id) = (client.clone(), bridge_id.clone());
@@ -127,7 +127,7 @@ pub async fn history(channel: Channel, out: Format, bridge_id: String) -> anyhow
 
 /// `ferryctl rollback`: an old version's document as the new version.
 pub async fn rollback(
-    channel: Channel,
+    channel: AuthChannel,
     out: Format,
     bridge_id: String,
     to: u64,
@@ -155,7 +155,7 @@ pub async fn rollback(
 }
 
 /// `ferryctl delete`: a configuration and its history.
-pub async fn delete(channel: Channel, bridge_id: String) -> anyhow::Result<()> {
+pub async fn delete(channel: AuthChannel, bridge_id: String) -> anyhow::Result<()> {
     ConfigServiceClient::new(channel)
         .delete_config(pb::DeleteConfigRequest {
             bridge_id: bridge_id.clone(),
@@ -168,7 +168,7 @@ pub async fn delete(channel: Channel, bridge_id: String) -> anyhow::Result<()> {
 
 /// One version of a configuration; `None` reads the current one.
 async fn get(
-    channel: Channel,
+    channel: AuthChannel,
     bridge_id: String,
     version: Option<u64>,
     show_secrets: bool,

@@ -2,9 +2,9 @@
 //! listener): get dlq, dlq show / redrive / delete / purge / stats; and how
 //! each is shown. Reason names are `ferry_shared::dlq::DlqReason`'s.
 
-use crate::Channel;
 use anyhow::Context;
 use ferry_shared::api::v1 as pb;
+use ferry_shared::auth::client::AuthChannel;
 use ferry_shared::dlq::{DlqFilter, DlqReason};
 use pb::dlq_service_client::DlqServiceClient;
 use serde::Serialize;
@@ -14,7 +14,7 @@ use crate::output::{self, Format, Row, timestamp};
 /// `ferryctl get dlq`: at most `limit` entries matching `filter`, oldest
 /// first, without their payloads.
 pub async fn list(
-    channel: Channel,
+    channel: AuthChannel,
     out: Format,
     filter: &DlqFilter,
     limit: u32,
@@ -37,7 +37,7 @@ pub async fn list(
 }
 
 /// `ferryctl dlq show`: one entry with its message.
-pub async fn show(channel: Channel, out: Format, id: String) -> anyhow::Result<()> {
+pub async fn show(channel: AuthChannel, out: Format, id: String) -> anyhow::Result<()> {
     let entry = DlqServiceClient::new(channel)
         .get_dlq_entry(pb::GetDlqEntryRequest { id })
         .await?
@@ -50,7 +50,7 @@ pub async fn show(channel: Channel, out: Format, id: String) -> anyhow::Result<(
 /// `ferryctl dlq redrive`: the entries `ids` (or, without ids, those matching
 /// `filter`) back to their binding; fails when any entry was not redriven.
 pub async fn redrive(
-    channel: Channel,
+    channel: AuthChannel,
     out: Format,
     ids: Vec<String>,
     filter: &DlqFilter,
@@ -85,7 +85,7 @@ pub async fn redrive(
 }
 
 /// `ferryctl dlq delete`: one entry.
-pub async fn delete(channel: Channel, id: String) -> anyhow::Result<()> {
+pub async fn delete(channel: AuthChannel, id: String) -> anyhow::Result<()> {
     DlqServiceClient::new(channel)
         .delete_dlq_entry(pb::DeleteDlqEntryRequest { id: id.clone() })
         .await?;
@@ -95,7 +95,7 @@ pub async fn delete(channel: Channel, id: String) -> anyhow::Result<()> {
 
 /// `ferryctl dlq purge --yes`: every entry matching `filter` (the caller
 /// checked the confirmation before connecting).
-pub async fn purge(channel: Channel, filter: &DlqFilter) -> anyhow::Result<()> {
+pub async fn purge(channel: AuthChannel, filter: &DlqFilter) -> anyhow::Result<()> {
     let purged = DlqServiceClient::new(channel)
         .purge_dlq_entries(pb::PurgeDlqEntriesRequest {
             filter: Some(filter.into()),
@@ -110,7 +110,7 @@ pub async fn purge(channel: Channel, filter: &DlqFilter) -> anyhow::Result<()> {
 
 /// `ferryctl dlq stats`: entry counts per bridge, route, binding and reason,
 /// and their total.
-pub async fn stats(channel: Channel, out: Format, filter: &DlqFilter) -> anyhow::Result<()> {
+pub async fn stats(channel: AuthChannel, out: Format, filter: &DlqFilter) -> anyhow::Result<()> {
     let response = DlqServiceClient::new(channel)
         .get_dlq_stats(pb::GetDlqStatsRequest {
             filter: Some(filter.into()),

@@ -1,7 +1,7 @@
 //! Leases (`LeaseService`): `ferryctl get leases`; and how one is shown.
 
-use crate::Channel;
 use ferry_shared::api::v1 as pb;
+use ferry_shared::auth::client::AuthChannel;
 use pb::lease_service_client::LeaseServiceClient;
 use serde::Serialize;
 
@@ -10,7 +10,7 @@ use crate::paging::all_pages;
 
 /// `ferryctl get leases`: every lease whose key starts with `prefix`, held or
 /// not, with its fencing version.
-pub async fn list(channel: Channel, out: Format, prefix: String) -> anyhow::Result<()> {
+pub async fn list(channel: AuthChannel, out: Format, prefix: String) -> anyhow::Result<()> {
     let client = LeaseServiceClient::new(channel);
     let leases = all_pages(|page_token| {
         let (mut client, key_prefix) = (client.clone(), prefix.clone());

@@ -7,7 +7,7 @@
 //!
 //! This file is the command line and its dispatch; each resource is a module
 //! with its calls and its views (how its messages are shown): [`configs`],
-//! [`agents`], [`leases`], [`dlq`], [`metrics`]. [`paging`] follows page
+//! [`agents`], [`leases`], [`dlq`], [`metrics`], [`token`]. [`paging`] follows page
 //! tokens for every listing, [`output`] renders tables, JSON and YAML.
 
 /// `print!` that returns the write error instead of panicking (see
@@ -30,6 +30,7 @@ mod leases;
 mod metrics;
 mod output;
 mod paging;
+mod token;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,11 +38,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand};
+use ferry_shared::auth::client::{AuthChannel, ClientAuth};
 use ferry_shared::config::ProcessEnv;
 use ferry_shared::dlq::{DlqFilter, DlqReason};
 use ferry_shared::telemetry::TelemetryArgs;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Endpoint;
 use tracing::Instrument;
 
 use crate::output::Format;
@@ -58,6 +58,8 @@ Examples:
   ferryctl get dlq --bridge durable-sensor-ingest --reason oversized
   ferryctl dlq redrive --route sensor-ingest --limit 50
   ferryctl -o json metrics --by-agent
+  ferryctl --endpoint https://cp:50051 --ca-cert ca.crt get agents    # token in FERRY_TOKEN
+  ferryctl token hash --name alice --role operator    # the token on stdin
   ferryctl --endpoint http://127.0.0.1:9464 get dlq    # an agent's own dead letters";
 
 /// Manage Ferry bridges, agents, leases and dead letters.
@@ -72,6 +74,29 @@ struct Cli {
         default_value = "http://127.0.0.1:50051"
     )]
     endpoint: String,
+    /// Bearer token to present (prefer `FERRY_TOKEN`: a flag shows in `ps`).
+    #[arg(long, global = true, env = "FERRY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// PEM CA certificate that the `https://` endpoint's certificate must
+    /// chain to (default: the system's roots).
+    #[arg(long, global = true, env = "FERRY_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// PEM client certificate for mTLS (with `--client-key`).
+    #[arg(
+        long,
+        global = true,
+        env = "FERRY_CLIENT_CERT",
+        requires = "client_key"
+    )]
+    client_cert: Option<PathBuf>,
+    /// PEM private key of `--client-cert`.
+    #[arg(
+        long,
+        global = true,
+        env = "FERRY_CLIENT_KEY",
+        requires = "client_cert"
+    )]
+    client_key: Option<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
     output: Format,
@@ -81,18 +106,6 @@ struct Cli {
     telemetry: TelemetryArgs,
     #[command(subcommand)]
     command: Command,
-}
-
-/// A connection to the control plane whose requests carry the command's trace
-/// context.
-pub type Channel = InterceptedService<tonic::transport::Channel, Propagate>;
-
-/// The interceptor writing the current span's `traceparent` into each request.
-pub type Propagate = fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status>;
-
-fn propagate(mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-    ferry_shared::telemetry::propagation::inject_current(request.metadata_mut());
-    Ok(request)
 }
 
 #[derive(Debug, Subcommand)]
@@ -145,6 +158,11 @@ enum Command {
         #[command(subcommand)]
         action: Dlq,
     },
+    /// Token-file entries.
+    Token {
+        #[command(subcommand)]
+        action: Token,
+    },
     /// Fleet totals of the conservation counters, per route and binding
     /// (per agent with --by-agent), from the agents' latest snapshots.
     Metrics {
@@ -169,6 +187,7 @@ impl Command {
             Command::Delete { .. } => "delete",
             Command::Dlq { .. } => "dlq",
             Command::Metrics { .. } => "metrics",
+            Command::Token { .. } => "token",
         }
     }
 }
@@ -211,6 +230,23 @@ enum Get {
         /// At most this many entries.
         #[arg(long, default_value_t = 100)]
         limit: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Token {
+    /// Read a token on standard input and print its entry for the server's
+    /// `--tokens` file (its SHA-256, never the token).
+    Hash {
+        /// The principal's name, as audit records show it.
+        #[arg(long)]
+        name: String,
+        /// admin, operator, viewer or agent.
+        #[arg(long)]
+        role: String,
+        /// For `--role agent`: the agent id the token acts as.
+        #[arg(long)]
+        agent_id: Option<String>,
     },
 }
 
@@ -331,9 +367,19 @@ async fn main() -> ExitCode {
         }
     };
     let span = tracing::info_span!("ferryctl", command = cli.command.name());
-    let result = run(&cli.endpoint, cli.output, cli.command)
-        .instrument(span)
-        .await;
+    let result = match ClientAuth::new(
+        cli.token.as_deref(),
+        cli.ca_cert.as_deref(),
+        cli.client_cert.as_deref(),
+        cli.client_key.as_deref(),
+    ) {
+        Ok(auth) => {
+            run(&cli.endpoint, &auth, cli.output, cli.command)
+                .instrument(span)
+                .await
+        }
+        Err(e) => Err(e.into()),
+    };
     telemetry.shutdown().await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -365,8 +411,13 @@ fn describe_error(error: &anyhow::Error) -> String {
 /// Runs one command. Each arm connects (`channel()`) only after the checks
 /// that need no server, so a mistyped command fails without a connection
 /// attempt.
-async fn run(endpoint: &str, out: Format, command: Command) -> anyhow::Result<()> {
-    let channel = || connect(endpoint);
+async fn run(
+    endpoint: &str,
+    auth: &ClientAuth,
+    out: Format,
+    command: Command,
+) -> anyhow::Result<()> {
+    let channel = || connect(endpoint, auth);
     match command {
         Command::Apply {
             file,
@@ -428,21 +479,31 @@ async fn run(endpoint: &str, out: Format, command: Command) -> anyhow::Result<()
             Dlq::Purge { filter, yes: true } => dlq::purge(channel().await?, &filter.into()).await,
             Dlq::Stats { filter } => dlq::stats(channel().await?, out, &filter.into()).await,
         },
+        Command::Token {
+            action:
+                Token::Hash {
+                    name,
+                    role,
+                    agent_id,
+                },
+        } => token::hash(&name, &role, agent_id.as_deref()),
         Command::Metrics { bridge, by_agent } => {
             metrics::show(channel().await?, out, bridge, by_agent).await
         }
     }
 }
 
-async fn connect(endpoint: &str) -> anyhow::Result<Channel> {
-    let endpoint = Endpoint::from_shared(endpoint.to_owned())
-        .with_context(|| format!("invalid endpoint {endpoint:?}"))?
+async fn connect(endpoint: &str, auth: &ClientAuth) -> anyhow::Result<AuthChannel> {
+    let endpoint = auth
+        .endpoint(endpoint)
+        .map_err(|e| anyhow::anyhow!("invalid endpoint {e}"))?
         .connect_timeout(std::time::Duration::from_secs(5));
     let channel = endpoint
         .connect()
         .await
         .with_context(|| format!("cannot reach the control plane at {}", endpoint.uri()))?;
-    Ok(InterceptedService::new(channel, propagate as Propagate))
+    // The channel sends the token and the command's trace context.
+    Ok(auth.wrap(channel))
 }
 
 #[cfg(test)]

@@ -2,8 +2,8 @@
 //! binding or one row per agent and binding; and the binding row that
 //! `describe agent` shows too.
 
-use crate::Channel;
 use ferry_shared::api::v1 as pb;
+use ferry_shared::auth::client::AuthChannel;
 use pb::metrics_service_client::MetricsServiceClient;
 use serde::Serialize;
 
@@ -12,7 +12,7 @@ use crate::output::{self, Format, Row};
 /// `ferryctl metrics`: fleet totals per route binding, or (`by_agent`) one
 /// row per agent and binding, from the agents' latest snapshots.
 pub async fn show(
-    channel: Channel,
+    channel: AuthChannel,
     out: Format,
     bridge: Option<String>,
     by_agent: bool,

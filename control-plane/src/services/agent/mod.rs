@@ -17,6 +17,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use ferry_shared::auth::Caller;
+use ferry_shared::auth::policy::require_own_agent;
+
 use super::Context;
 use super::status::{require, state_status, timestamp};
 use crate::state::{AgentHello, AgentRecord};
@@ -50,6 +53,7 @@ impl AgentService for AgentServiceImpl {
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
+        let caller = Caller::of(&request).principal;
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(self.ctx.options.hello_timeout, inbound.message())
             .await
@@ -65,6 +69,7 @@ impl AgentService for AgentServiceImpl {
             ));
         };
         require("hello.agent_id", &hello.agent_id)?;
+        require_own_agent(&caller, &hello.agent_id, "the hello")?;
         crate::rpc_span::record_agent(&hello.agent_id);
 
         let (commands_tx, commands_rx) = mpsc::channel(COMMAND_BUFFER);
