@@ -180,7 +180,11 @@ impl Codec {
                 buf,
                 None,
             ),
-            Codec::V311 => write_v4(&v4::Packet::PubComp(v4::PubComp::new(pkid)), buf, usize::MAX),
+            Codec::V311 => write_v4(
+                &v4::Packet::PubComp(v4::PubComp::new(pkid)),
+                buf,
+                usize::MAX,
+            ),
         }
     }
 
@@ -353,12 +357,12 @@ fn incoming_v5(packet: v5::Packet) -> Incoming {
                 .collect(),
         },
         v5::Packet::PingResp(_) => Incoming::PingResp,
-        v5::Packet::Disconnect(d) => Incoming::Disconnect(
-            match d.properties.and_then(|p| p.reason_string) {
+        v5::Packet::Disconnect(d) => {
+            Incoming::Disconnect(match d.properties.and_then(|p| p.reason_string) {
                 Some(reason) => format!("{:?} ({reason})", d.reason_code),
                 None => format!("{:?}", d.reason_code),
-            },
-        ),
+            })
+        }
         v5::Packet::Auth(_) => Incoming::Unexpected("AUTH"),
         v5::Packet::Connect(..) => Incoming::Unexpected("CONNECT"),
         v5::Packet::PingReq(_) => Incoming::Unexpected("PINGREQ"),
@@ -483,8 +487,7 @@ mod tests {
                 .starts_with("the broker sent a malformed packet")
         );
         assert!(
-            decode_error_v4(&rumqttc::mqttbytes::Error::TopicNotUtf8)
-                .contains("topic or property")
+            decode_error_v4(&rumqttc::mqttbytes::Error::TopicNotUtf8).contains("topic or property")
         );
     }
 

@@ -300,7 +300,9 @@ impl EventLoop {
     }
 
     /// TCP (and TLS), CONNECT, and the CONNACK with whatever arrived after it.
-    async fn handshake(&self) -> Result<(Box<dyn Stream>, BytesMut, super::codec::ConnAck), String> {
+    async fn handshake(
+        &self,
+    ) -> Result<(Box<dyn Stream>, BytesMut, super::codec::ConnAck), String> {
         let tcp = TcpStream::connect((self.endpoint.host.as_str(), self.endpoint.port))
             .await
             .map_err(|e| format!("I/O: {e}"))?;
@@ -471,7 +473,12 @@ fn take_requests(
         let Some(request) = requests.publishes.pop_front() else {
             break;
         };
-        match codec.publish(request, pkid, &mut connection.write, connection.max_outgoing) {
+        match codec.publish(
+            request,
+            pkid,
+            &mut connection.write,
+            connection.max_outgoing,
+        ) {
             Ok(()) => connection.written.push(Event::PublishWritten(pkid)),
             Err(error) => {
                 connection.inflight.pending.remove(&pkid);

@@ -80,7 +80,10 @@ pub(crate) struct PublishRequest {
 #[derive(Debug)]
 pub(crate) enum Control {
     /// Acknowledge the incoming publish `pkid`.
-    Ack { pkid: u16, qos: Qos },
+    Ack {
+        pkid: u16,
+        qos: Qos,
+    },
     Subscribe(Vec<(String, Qos)>),
     Disconnect,
 }
@@ -248,12 +251,24 @@ mod tests {
         for _ in 0..REQUEST_QUEUE {
             assert!(
                 client
-                    .try_publish("t", Qos::AtLeastOnce, false, Bytes::new(), Default::default())
+                    .try_publish(
+                        "t",
+                        Qos::AtLeastOnce,
+                        false,
+                        Bytes::new(),
+                        Default::default()
+                    )
                     .is_ok()
             );
             assert!(client.try_ack(1, Qos::AtLeastOnce).is_ok());
         }
-        let full = client.try_publish("t", Qos::AtLeastOnce, false, Bytes::new(), Default::default());
+        let full = client.try_publish(
+            "t",
+            Qos::AtLeastOnce,
+            false,
+            Bytes::new(),
+            Default::default(),
+        );
         assert!(matches!(full, Err(PublishNotQueued(Some(_)))));
         assert!(client.try_disconnect().is_err());
         client.discard_unsent();
