@@ -57,6 +57,9 @@ use crate::transports::SendError;
 
 /// A turn stops taking requests once its buffer holds this much.
 const BATCH_BYTES: usize = 64 * 1024;
+/// Room made in the read buffer before each read: a full `BytesMut` would
+/// otherwise grow by a few bytes per read, one system call each.
+const READ_ROOM: usize = 32 * 1024;
 
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> Stream for T {}
@@ -329,7 +332,7 @@ impl EventLoop {
             .await
             .map_err(|e| format!("I/O: {e}"))?;
         stream.flush().await.map_err(|e| format!("I/O: {e}"))?;
-        let mut read = BytesMut::with_capacity(BATCH_BYTES);
+        let mut read = BytesMut::new();
         loop {
             match self.codec.decode(&mut read, self.options.max_incoming)? {
                 Some(Incoming::ConnAck(connack)) => return Ok((stream, read, connack)),
@@ -340,6 +343,7 @@ impl EventLoop {
                 }
                 None => {}
             }
+            read.reserve(READ_ROOM);
             if stream
                 .read_buf(&mut read)
                 .await
@@ -375,6 +379,7 @@ impl EventLoop {
             return Err("disconnected by the client".into());
         }
         connection.read_due = false;
+        connection.read.reserve(READ_ROOM);
         let deadline = connection.keep_alive_deadline();
         let keep_alive = async {
             match deadline {
