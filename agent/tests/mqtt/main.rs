@@ -17,6 +17,8 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+mod conformance;
+
 const DEADLINE: Duration = Duration::from_secs(15);
 
 async fn wait_connected(watch: &mut watch::Receiver<bool>, want: bool) {

@@ -1,4 +1,4 @@
-//! MQTT transport (rumqttc): sessions, a receiver and senders.
+//! MQTT transport: sessions, a receiver and senders, on a client of our own.
 //!
 //! - [`MqttSession`] owns one connection (v5 by default, v3.1.1 as an option;
 //!   `tcp://` or TLS `ssl://`), polls its event loop in a task until the
@@ -8,14 +8,19 @@
 //! - The receiver acknowledges in receive order, only after settle; see
 //!   `receiver` for the invariants. The sender resolves on the PUBACK of its own
 //!   publish; see `sender`.
-//! - `protocol` hides the two rumqttc clients; `properties` maps the envelope
-//!   to and from v5 publish properties; `tls` builds the rustls configuration.
+//! - `eventloop` owns each session's socket and batches its writes (ADR 0008);
+//!   `protocol` is the request queue and the events between it and the
+//!   session; `codec` encodes and decodes packets of both versions on
+//!   rumqttc's `mqttbytes`; `properties` maps the envelope to and from v5
+//!   publish properties; `tls` builds the rustls configuration.
 //!
 //! A session meant to receive should keep `clean_start` off with a session
 //! expiry, so the broker holds QoS 1 messages while the agent is down. Cancel a
 //! session's token only after the routes using it have stopped: settles that
 //! arrive after the session stopped are no-ops (the broker redelivers).
 
+mod codec;
+mod eventloop;
 mod properties;
 mod protocol;
 mod receiver;

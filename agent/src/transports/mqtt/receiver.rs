@@ -7,7 +7,7 @@
 //!   same connection has been acknowledged** (MQTT requires acks in the order
 //!   the PUBLISHes arrived). The [`AckQueue`] holds the packet ids of one
 //!   connection in receive order; a settle marks one entry, and the settled
-//!   prefix is released to rumqttc.
+//!   prefix is released to the request queue.
 //! - **A delivery settled without acknowledgement stops acknowledging on its
 //!   connection**: acknowledging later ones would be out of order, so they stay
 //!   unacknowledged too and come back with it. Once every delivery of that
@@ -128,7 +128,7 @@ pub(crate) struct AckQueue {
     /// A delivery was settled without acknowledgement on this connection.
     blocked: bool,
     reconnect_requested: bool,
-    /// Released acks rumqttc's request queue has not taken yet, in order.
+    /// Released acks the request queue has not taken yet, in order.
     ready: VecDeque<(u16, Qos)>,
 }
 
@@ -190,7 +190,7 @@ impl AckQueue {
         }
     }
 
-    /// Hands the released acks to rumqttc, in order, as far as its queue takes
+    /// Hands the released acks to the request queue, in order, as far as it takes
     /// them; the rest wait for the next flush.
     pub fn flush(&mut self, client: &Client) {
         while let Some(&(pkid, qos)) = self.ready.front() {
@@ -394,7 +394,7 @@ impl ReceiverFeed {
         delivery.settle.settle(Outcome::BackPressure);
     }
 
-    /// Hands released acks to rumqttc (called after each event: its queue may
+    /// Hands released acks to the request queue (called after each event: it may
     /// have room again).
     pub fn flush(&mut self) {
         let mut queue = lock(&self.acks);
@@ -465,11 +465,9 @@ mod tests {
     /// acknowledged (no reconnect).
     #[tokio::test]
     async fn a_burst_past_the_channel_waits_in_order_and_is_acknowledged() {
-        let options = rumqttc::v5::MqttOptions::new("test", "127.0.0.1", 1883);
-        let (client, _eventloop) = rumqttc::v5::AsyncClient::new(options, 1024);
         let mut settings = MqttReceiverSettings::new(vec![("t".into(), Qos::AtLeastOnce)]);
         settings.max_in_flight = 2; // a channel of 32
-        let (mut feed, mut receiver) = ReceiverFeed::new(settings, "s".into(), Client::V5(client));
+        let (mut feed, mut receiver) = ReceiverFeed::new(settings, "s".into(), Client::default());
         feed.on_connected(true);
         for pkid in 1..=40 {
             feed.on_publish(received(pkid));

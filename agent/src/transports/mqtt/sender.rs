@@ -1,20 +1,20 @@
 //! The MQTT sender: a send resolves on the PUBACK of its own publish.
 //!
-//! rumqttc gives a publish no token. It does report, in request order, when
-//! each PUBLISH request is written (`Outgoing::Publish(pkid)`), and then the
-//! PUBACK of that packet id. So:
+//! The event loop reports, in request order, when each publish is written
+//! (`PublishWritten(pkid)`) and then the PUBACK of that packet id. So:
 //!
 //! - a send queues its request and its waiter **under one lock**, so the
-//!   waiters' FIFO ([`Outbound::queued`]) is in the order of rumqttc's request
-//!   channel, and the order of `send` calls is the order on the wire;
+//!   waiters' FIFO ([`Outbound::queued`]) is in the order of the request
+//!   queue, and the order of `send` calls is the order on the wire;
 //! - each "written" event takes the oldest waiter: QoS 0 resolves there, QoS
 //!   1/2 moves to `inflight[pkid]` until its acknowledgement (a v5 reason code
-//!   ≥ 0x80 becomes a [`SendError`]). A request that collides with a packet id
-//!   still in flight is parked (`Outgoing::AwaitAck`) and written later;
+//!   ≥ 0x80 becomes a [`SendError`]); a publish the loop could not encode
+//!   (`PublishFailed`) fails the oldest waiter. The loop never reuses a packet
+//!   id still in flight, so `inflight` has one waiter per id;
 //! - **on every connection loss all waiters fail with a transient error**, and
-//!   the publishes rumqttc still holds (queued or kept for retransmission) are
-//!   discarded, so a new connection carries only publishes whose waiters are
-//!   alive. The caller retries; the broker may see a message twice, never
+//!   the publishes still queued are discarded (the loop resends nothing of an
+//!   old connection), so a new connection carries only publishes whose waiters
+//!   are alive. The caller retries; the broker may see a message twice, never
 //!   lose one;
 //! - while disconnected a send fails at once (the drainer does not send then);
 //!   every send is bounded by `send_timeout`.
@@ -44,8 +44,6 @@ pub(crate) struct Outbound {
     max_packet: usize,
     /// Requested, not yet written, in request order.
     queued: VecDeque<Waiter>,
-    /// Collided with a packet id in flight; written once that id is acked.
-    parked: Option<(u16, Waiter)>,
     /// Written, awaiting PUBACK / PUBCOMP.
     inflight: HashMap<u16, Waiter>,
 }
@@ -64,18 +62,9 @@ impl Outbound {
     }
 
     pub fn on_written(&mut self, pkid: u16) {
-        let waiter = match self.parked.take() {
-            Some((parked, waiter)) if parked == pkid => waiter,
-            other => {
-                self.parked = other;
-                match self.queued.pop_front() {
-                    Some(waiter) => waiter,
-                    None => {
-                        tracing::warn!(pkid, "a publish was written that no sender waits for");
-                        return;
-                    }
-                }
-            }
+        let Some(waiter) = self.queued.pop_front() else {
+            tracing::warn!(pkid, "a publish was written that no sender waits for");
+            return;
         };
         if pkid == 0 {
             waiter.send(Ok(())).ok();
@@ -84,9 +73,9 @@ impl Outbound {
         }
     }
 
-    pub fn on_parked(&mut self, pkid: u16) {
+    pub fn on_failed(&mut self, error: SendError) {
         if let Some(waiter) = self.queued.pop_front() {
-            self.parked = Some((pkid, waiter));
+            waiter.send(Err(error)).ok();
         }
     }
 
@@ -101,11 +90,9 @@ impl Outbound {
     /// next [`Outbound::on_connected`].
     pub fn fail_all(&mut self, error: &SendError) {
         self.connected = false;
-        let parked = self.parked.take().map(|(_, w)| w);
         for waiter in self
             .queued
             .drain(..)
-            .chain(parked)
             .chain(self.inflight.drain().map(|(_, w)| w))
         {
             waiter.send(Err(error.clone())).ok();
@@ -128,8 +115,8 @@ pub(crate) fn lock(outbound: &Mutex<Outbound>) -> MutexGuard<'_, Outbound> {
 #[derive(Debug)]
 pub(crate) struct SenderShared {
     pub outbound: Mutex<Outbound>,
-    /// Signalled after every event of the loop: rumqttc's request queue may
-    /// have room again.
+    /// Signalled after every event of the loop: the request queue may have
+    /// room again.
     pub progress: Notify,
 }
 
@@ -223,7 +210,7 @@ impl MqttSender {
                     Err(PublishNotQueued(returned)) => properties = returned.map(|p| *p),
                 }
             }
-            // rumqttc's request queue is full: wait for the loop to take some.
+            // The request queue is full: wait for the loop to take some.
             if timeout_at(deadline, progress).await.is_err() {
                 return Err(SendError::Timeout(self.settings.send_timeout));
             }
@@ -277,17 +264,15 @@ mod tests {
     }
 
     #[test]
-    fn a_parked_publish_keeps_its_waiter() {
+    fn a_publish_that_cannot_be_written_fails_its_own_waiter() {
         let mut o = Outbound::new(1024);
         o.on_connected(1024, None);
         let mut a = waiter(&mut o);
         let mut b = waiter(&mut o);
+        o.on_failed(SendError::Oversized("too large".into()));
         o.on_written(1);
-        o.on_parked(1); // b collides with 1, still in flight
         o.on_acked(1, None);
-        o.on_written(1); // b written after 1's ack
-        o.on_acked(1, None);
-        assert_eq!(a.try_recv().ok(), Some(Ok(())));
+        assert!(matches!(a.try_recv(), Ok(Err(SendError::Oversized(_)))));
         assert_eq!(b.try_recv().ok(), Some(Ok(())));
     }
 

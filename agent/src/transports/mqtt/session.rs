@@ -1,9 +1,8 @@
 //! The MQTT session: one connection, its event loop task, reconnects.
 //!
-//! The task polls rumqttc's event loop without pause until the shutdown token
-//! fires (a `poll` is never cancelled otherwise: it may be writing a packet).
-//! On a connection error it fails every outstanding send, discards what rumqttc
-//! kept to retransmit, forgets the receiver's unacknowledged deliveries (the
+//! The task polls the event loop (`eventloop`) without pause until the
+//! shutdown token fires. On a connection error it fails every outstanding
+//! send, discards the requests still queued, forgets the receiver's unacknowledged deliveries (the
 //! broker redelivers them), publishes `false` on the connected watch, and
 //! reconnects after an exponential backoff with jitter. On CONNACK it publishes
 //! `true`, and subscribes again when the broker kept no session.
@@ -22,7 +21,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::protocol::{self, Client, Event, EventLoop};
+use super::eventloop::{self, EventLoop};
+use super::protocol::{Client, Event};
 use super::receiver::{MqttReceiver, ReceiverFeed};
 use super::sender::{self, MqttSender, Outbound, SenderShared};
 use super::settings::{
@@ -83,7 +83,7 @@ impl MqttSession {
         if let Some(receiver) = &receiver {
             receiver.validate(&settings)?;
         }
-        let (client, eventloop) = protocol::create(&settings, &endpoint, receiver.as_ref())?;
+        let (client, eventloop) = eventloop::create(&settings, &endpoint, receiver.as_ref())?;
         let (feed, receiver) = match receiver {
             Some(r) => {
                 let (feed, receiver) = ReceiverFeed::new(r, settings.name.clone(), client.clone());
@@ -336,8 +336,8 @@ impl EventTask {
             Event::PublishWritten(pkid) => {
                 sender::lock(&self.senders.outbound).on_written(pkid);
             }
-            Event::PublishParked(pkid) => {
-                sender::lock(&self.senders.outbound).on_parked(pkid);
+            Event::PublishFailed(error) => {
+                sender::lock(&self.senders.outbound).on_failed(error);
             }
             Event::Subscribed { refused } => {
                 self.connected.send_replace(true);
@@ -348,11 +348,10 @@ impl EventTask {
                 }
             }
             Event::DisconnectSent => self.disconnect_sent = true,
-            Event::Other => {}
         }
     }
 
-    /// The connection is gone (rumqttc already dropped it). Order matters:
+    /// The connection is gone (the event loop already dropped it). Order matters:
     /// first the receiver's acks become stale, then — under the senders' lock,
     /// so no send slips in between — the leftover requests are discarded and
     /// every waiter fails.

@@ -1,0 +1,619 @@
+//! The MQTT event loop: one per session, the only owner of its socket.
+//!
+//! Invariants:
+//!
+//! - **One write per turn.** Each turn takes *everything* the [`Client`]'s
+//!   queues hold — control requests (acknowledgements, subscriptions, the
+//!   disconnect) first, then publishes while the outgoing window has room —
+//!   up to [`BATCH_BYTES`], together with the packets the loop owes the broker
+//!   (PUBREL, PUBCOMP, PINGREQ), encodes them into one buffer and writes it
+//!   with one call (more only when the kernel takes part of it). Then it reads
+//!   what the broker sent before it takes requests again, so a steady stream
+//!   of requests cannot starve the reads.
+//! - **Written means written.** `PublishWritten` is reported after the bytes
+//!   of that publish left in a write, in request order (the senders' FIFO of
+//!   waiters relies on it); so a publish is reported written before its
+//!   PUBACK can be read. `Acked` is reported only for a packet id in flight on
+//!   this connection.
+//! - **Packet ids.** A QoS 1/2 publish gets an id that is not in flight on
+//!   this connection, cycling through `1..=window`, where the window is
+//!   `max_outgoing_inflight` capped by the broker's receive maximum. With the
+//!   window full, publishes wait in the queue: an id is never reused before
+//!   its PUBACK (or PUBCOMP).
+//! - **A connection's state dies with it.** Unacknowledged publishes are not
+//!   resent with DUP on the next connection: the session fails their senders
+//!   and the outbox sends them again, in its own order; resending them here
+//!   too would send each twice. A broker holds no state for a QoS 1 publish it
+//!   has not acknowledged, so nothing is owed to it. The one exception is
+//!   QoS 2: a publish the broker has PUBREC'd holds its packet id in the
+//!   broker's session until PUBREL, so those ids are kept across connections
+//!   ([`EventLoop::pubrel_owed`]) and released again on a resumed session
+//!   (MQTT v5 §4.4) before anything reuses them.
+//! - **Keep-alive.** A PINGREQ goes out when nothing was written for the
+//!   keep-alive interval (the broker's server keep-alive when it sets one); a
+//!   PINGRESP missing one interval later ends the connection.
+//! - **Cancel safety.** `poll` may be dropped at any await (the session stops):
+//!   the partial read and the unwritten rest of a write live in the
+//!   connection, never in a future.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+
+use prost::bytes::{Buf, BytesMut};
+use rumqttc::tokio_rustls::TlsConnector;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::codec::{Codec, ConnectOptions, Incoming};
+use super::protocol::{Client, Control, Event};
+use super::settings::{
+    Endpoint, MQTT_MAX_PACKET_BYTES, MqttReceiverSettings, MqttSessionSettings, Protocol, Qos,
+    SettingsError,
+};
+use super::tls;
+use crate::transports::SendError;
+
+/// A turn stops taking requests once its buffer holds this much.
+const BATCH_BYTES: usize = 64 * 1024;
+/// Room made in the read buffer before each read: a full `BytesMut` would
+/// otherwise grow by a few bytes per read, one system call each.
+const READ_ROOM: usize = 32 * 1024;
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> Stream for T {}
+
+/// What an id in flight waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pending {
+    /// PUBACK (QoS 1) or PUBREC (QoS 2) of our publish.
+    Publish(Qos),
+    /// PUBCOMP of our QoS 2 publish, after our PUBREL.
+    Complete,
+    /// SUBACK.
+    Subscribe,
+}
+
+/// The packet ids in flight on one connection.
+#[derive(Debug)]
+struct Inflight {
+    pending: HashMap<u16, Pending>,
+    /// How many publishes may be in flight at once.
+    window: u16,
+    last: u16,
+}
+
+impl Inflight {
+    fn new(window: u16) -> Self {
+        Self {
+            pending: HashMap::new(),
+            window: window.max(1),
+            last: 0,
+        }
+    }
+
+    /// A free id in `1..=limit`, or `None` when `limit` ids are taken.
+    fn allocate(&mut self, what: Pending, limit: u16) -> Option<u16> {
+        if self.pending.len() >= usize::from(limit) {
+            return None;
+        }
+        // Terminates: fewer than `limit` ids are taken, so one in 1..=limit is free.
+        loop {
+            self.last = if self.last >= limit { 1 } else { self.last + 1 };
+            if let std::collections::hash_map::Entry::Vacant(entry) = self.pending.entry(self.last)
+            {
+                entry.insert(what);
+                return Some(self.last);
+            }
+        }
+    }
+}
+
+/// One connection: its socket, buffers and ids in flight.
+struct Connection {
+    stream: Box<dyn Stream>,
+    read: BytesMut,
+    /// Encoded, not yet written.
+    write: BytesMut,
+    /// What to report once `write` is written.
+    written: Vec<Event>,
+    inflight: Inflight,
+    /// The largest packet we may write (ours, capped by the broker's).
+    max_outgoing: u32,
+    keep_alive: Option<Duration>,
+    last_write: Instant,
+    ping_sent: Option<Instant>,
+    /// The last write was followed by no read yet.
+    read_due: bool,
+    /// Our DISCONNECT is in `write` (or written): take no more requests.
+    closing: bool,
+}
+
+impl Connection {
+    /// When to send a PINGREQ, or to give up on the PINGRESP.
+    fn keep_alive_deadline(&self) -> Option<Instant> {
+        let interval = self.keep_alive?;
+        Some(self.ping_sent.unwrap_or(self.last_write) + interval)
+    }
+}
+
+/// Why a turn stopped waiting.
+enum Woke {
+    Read,
+    Requested,
+    KeepAlive,
+}
+
+/// Connects, and runs one connection at a time; see the module invariants.
+pub(crate) struct EventLoop {
+    client: Client,
+    codec: Codec,
+    endpoint: Endpoint,
+    tls: Option<TlsConnector>,
+    options: ConnectOptions,
+    connect_timeout: Duration,
+    max_outgoing_inflight: u16,
+    max_outgoing: u32,
+    connection: Option<Connection>,
+    events: VecDeque<Event>,
+    /// Our QoS 2 publishes the broker PUBREC'd and has not PUBCOMP'd: the
+    /// broker's session holds their ids until our PUBREL, on this connection
+    /// or the next resumed one.
+    pubrel_owed: BTreeSet<u16>,
+}
+
+/// Builds the client and its event loop for a session; nothing connects yet.
+pub(crate) fn create(
+    settings: &MqttSessionSettings,
+    endpoint: &Endpoint,
+    receiver: Option<&MqttReceiverSettings>,
+) -> Result<(Client, EventLoop), SettingsError> {
+    let tls = if endpoint.tls {
+        Some(TlsConnector::from(tls::client_config(
+            settings.ca_file.as_deref(),
+        )?))
+    } else {
+        None
+    };
+    // A receiving session accepts any packet the broker may send: announcing
+    // a smaller maximum makes the broker discard larger messages silently
+    // (MQTT v5 §3.1.2.11.4), and a smaller incoming limit would drop the
+    // connection on one and get it redelivered forever. A message too large
+    // for the route is dead-lettered as `oversized` by the route instead.
+    let max_incoming = if receiver.is_some() {
+        MQTT_MAX_PACKET_BYTES
+    } else {
+        settings.max_packet_bytes
+    };
+    let options = ConnectOptions {
+        client_id: settings.client_id.clone(),
+        // Validated: whole seconds in 5..=65535.
+        keep_alive_secs: u16::try_from(settings.keep_alive.as_secs()).unwrap_or(u16::MAX),
+        clean_start: settings.clean_start,
+        session_expiry_secs: u32::try_from(settings.session_expiry.as_secs()).unwrap_or(u32::MAX),
+        credentials: settings.username.clone().map(|u| {
+            let password = settings.password.as_ref().map(|p| p.expose().to_owned());
+            (u, password.unwrap_or_default())
+        }),
+        receive_maximum: receiver.map(|r| r.max_in_flight),
+        max_incoming,
+    };
+    let client = Client::default();
+    let eventloop = EventLoop {
+        client: client.clone(),
+        codec: match settings.protocol {
+            Protocol::V5 => Codec::V5,
+            Protocol::V311 => Codec::V311,
+        },
+        endpoint: endpoint.clone(),
+        tls,
+        options,
+        connect_timeout: settings.connect_timeout,
+        max_outgoing_inflight: settings.max_outgoing_inflight,
+        max_outgoing: settings.max_packet_bytes,
+        connection: None,
+        events: VecDeque::new(),
+        pubrel_owed: BTreeSet::new(),
+    };
+    Ok((client, eventloop))
+}
+
+impl EventLoop {
+    /// The next event; an error means the connection is gone (the next poll
+    /// connects again).
+    pub async fn poll(&mut self) -> Result<Event, String> {
+        loop {
+            if let Some(event) = self.events.pop_front() {
+                return Ok(event);
+            }
+            if self.connection.is_none() {
+                return self.connect().await;
+            }
+            if let Err(error) = self.turn().await {
+                self.connection = None;
+                return Err(error);
+            }
+        }
+    }
+
+    /// After a connection loss: drops the requests still queued (see
+    /// [`Client::discard_unsent`]).
+    pub fn discard_unsent(&self) {
+        self.client.discard_unsent();
+    }
+
+    async fn connect(&mut self) -> Result<Event, String> {
+        let connecting = tokio::time::timeout(self.connect_timeout, self.handshake());
+        let (stream, read, connack) = match connecting.await {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(format!(
+                    "no CONNACK within the connect timeout of {:?}",
+                    self.connect_timeout
+                ));
+            }
+        };
+        if let Some(refused) = connack.refused {
+            return Err(format!("the broker refused the connection: {refused}"));
+        }
+        let window = connack
+            .receive_maximum
+            .map_or(self.max_outgoing_inflight, |r| {
+                r.min(self.max_outgoing_inflight)
+            });
+        let max_outgoing = connack
+            .max_packet_size
+            .map_or(self.max_outgoing, |b| b.min(self.max_outgoing));
+        let keep_alive = match connack.server_keep_alive {
+            Some(0) => None,
+            Some(secs) => Some(Duration::from_secs(u64::from(secs))),
+            None => Some(Duration::from_secs(u64::from(self.options.keep_alive_secs))),
+        };
+        let mut connection = Connection {
+            stream,
+            read,
+            write: BytesMut::with_capacity(BATCH_BYTES),
+            written: Vec::new(),
+            inflight: Inflight::new(window),
+            max_outgoing,
+            keep_alive,
+            last_write: Instant::now(),
+            ping_sent: None,
+            read_due: false,
+            closing: false,
+        };
+        if connack.session_present {
+            for &pkid in &self.pubrel_owed {
+                connection.inflight.pending.insert(pkid, Pending::Complete);
+                self.codec
+                    .pubrel(pkid, &mut connection.write)
+                    .map_err(|e| e.0)?;
+            }
+        } else {
+            self.pubrel_owed.clear();
+        }
+        self.connection = Some(connection);
+        // The broker may have sent more right behind the CONNACK.
+        self.decode_all()?;
+        Ok(Event::Connected {
+            session_present: connack.session_present,
+            max_packet_size: connack.max_packet_size,
+        })
+    }
+
+    /// TCP (and TLS), CONNECT, and the CONNACK with whatever arrived after it.
+    async fn handshake(
+        &self,
+    ) -> Result<(Box<dyn Stream>, BytesMut, super::codec::ConnAck), String> {
+        let tcp = TcpStream::connect((self.endpoint.host.as_str(), self.endpoint.port))
+            .await
+            .map_err(|e| format!("I/O: {e}"))?;
+        tcp.set_nodelay(true).map_err(|e| format!("I/O: {e}"))?;
+        let mut stream: Box<dyn Stream> = match &self.tls {
+            Some(connector) => {
+                let name = ServerName::try_from(self.endpoint.host.clone())
+                    .map_err(|e| format!("TLS: invalid server name: {e}"))?;
+                Box::new(
+                    connector
+                        .connect(name, tcp)
+                        .await
+                        .map_err(|e| format!("TLS: {e}"))?,
+                )
+            }
+            None => Box::new(tcp),
+        };
+        let mut write = BytesMut::new();
+        self.codec
+            .connect(&self.options, &mut write)
+            .map_err(|e| e.0)?;
+        stream
+            .write_all(&write)
+            .await
+            .map_err(|e| format!("I/O: {e}"))?;
+        stream.flush().await.map_err(|e| format!("I/O: {e}"))?;
+        let mut read = BytesMut::new();
+        loop {
+            match self.codec.decode(&mut read, self.options.max_incoming)? {
+                Some(Incoming::ConnAck(connack)) => return Ok((stream, read, connack)),
+                Some(other) => {
+                    return Err(format!(
+                        "the broker sent {other:?} before its CONNACK (a protocol error)"
+                    ));
+                }
+                None => {}
+            }
+            read.reserve(READ_ROOM);
+            if stream
+                .read_buf(&mut read)
+                .await
+                .map_err(|e| format!("I/O: {e}"))?
+                == 0
+            {
+                return Err("the broker closed the connection before its CONNACK".into());
+            }
+        }
+    }
+
+    /// One turn on the connection: write what is queued, or wait for input,
+    /// a request or the keep-alive.
+    async fn turn(&mut self) -> Result<(), String> {
+        let Some(connection) = self.connection.as_mut() else {
+            return Ok(());
+        };
+        if !connection.read_due && !connection.closing {
+            take_requests(&self.client, self.codec, connection, &mut self.events)?;
+        }
+        if !connection.write.is_empty() {
+            write_out(connection).await?;
+            connection.last_write = Instant::now();
+            connection.read_due = true;
+            self.events.extend(connection.written.drain(..));
+            if connection.closing {
+                self.events.push_back(Event::DisconnectSent);
+            }
+            return Ok(());
+        }
+        if connection.closing {
+            connection.stream.shutdown().await.ok();
+            return Err("disconnected by the client".into());
+        }
+        connection.read_due = false;
+        connection.read.reserve(READ_ROOM);
+        let deadline = connection.keep_alive_deadline();
+        let keep_alive = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let woke = tokio::select! {
+            biased;
+            read = connection.stream.read_buf(&mut connection.read) => match read {
+                Ok(0) => return Err("the broker closed the connection".into()),
+                Ok(_) => Woke::Read,
+                Err(e) => return Err(format!("I/O: {e}")),
+            },
+            () = self.client.requested() => Woke::Requested,
+            () = keep_alive => Woke::KeepAlive,
+        };
+        match woke {
+            Woke::Read => self.decode_all(),
+            Woke::Requested => Ok(()),
+            Woke::KeepAlive => {
+                if connection.ping_sent.is_some() {
+                    return Err("no PINGRESP within the keep-alive interval".into());
+                }
+                connection.ping_sent = Some(Instant::now());
+                self.codec.pingreq(&mut connection.write).map_err(|e| e.0)
+            }
+        }
+    }
+
+    /// Handles every whole packet read so far.
+    fn decode_all(&mut self) -> Result<(), String> {
+        let Some(connection) = self.connection.as_mut() else {
+            return Ok(());
+        };
+        while let Some(incoming) = self
+            .codec
+            .decode(&mut connection.read, self.options.max_incoming)?
+        {
+            on_incoming(
+                self.codec,
+                connection,
+                &mut self.pubrel_owed,
+                &mut self.events,
+                incoming,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Moves queued requests into the connection's write buffer (see the module
+/// invariants for the order and the bounds).
+fn take_requests(
+    client: &Client,
+    codec: Codec,
+    connection: &mut Connection,
+    events: &mut VecDeque<Event>,
+) -> Result<(), String> {
+    let mut requests = client.lock();
+    while connection.write.len() < BATCH_BYTES {
+        let Some(control) = requests.control.pop_front() else {
+            break;
+        };
+        match control {
+            Control::Ack { pkid, qos } => codec.ack(pkid, qos, &mut connection.write),
+            Control::Subscribe(filters) => {
+                match connection.inflight.allocate(Pending::Subscribe, u16::MAX) {
+                    Some(pkid) => codec.subscribe(pkid, &filters, &mut connection.write),
+                    None => {
+                        requests.control.push_front(Control::Subscribe(filters));
+                        break;
+                    }
+                }
+            }
+            Control::Disconnect => {
+                connection.closing = true;
+                return codec.disconnect(&mut connection.write).map_err(|e| e.0);
+            }
+        }
+        .map_err(|e| e.0)?;
+    }
+    let window = connection.inflight.window;
+    while connection.write.len() < BATCH_BYTES {
+        let Some(qos) = requests.publishes.front().map(|p| p.qos) else {
+            break;
+        };
+        let pkid = if qos == Qos::AtMostOnce {
+            0
+        } else {
+            match connection.inflight.allocate(Pending::Publish(qos), window) {
+                Some(pkid) => pkid,
+                None => break,
+            }
+        };
+        let Some(request) = requests.publishes.pop_front() else {
+            break;
+        };
+        match codec.publish(
+            request,
+            pkid,
+            &mut connection.write,
+            connection.max_outgoing,
+        ) {
+            Ok(()) => connection.written.push(Event::PublishWritten(pkid)),
+            Err(error) => {
+                connection.inflight.pending.remove(&pkid);
+                // Reported in order with the publishes written before it.
+                connection
+                    .written
+                    .push(Event::PublishFailed(SendError::Oversized(error.0)));
+            }
+        }
+    }
+    drop(requests);
+    if connection.write.is_empty() && !connection.written.is_empty() {
+        // Only failures: nothing to write, report them now.
+        events.extend(connection.written.drain(..));
+    }
+    Ok(())
+}
+
+/// Writes the whole buffer; cancel-safe (what is written leaves the buffer).
+async fn write_out(connection: &mut Connection) -> Result<(), String> {
+    while !connection.write.is_empty() {
+        let n = connection
+            .stream
+            .write(&connection.write)
+            .await
+            .map_err(|e| format!("I/O: {e}"))?;
+        if n == 0 {
+            return Err("I/O: the connection takes no more bytes".into());
+        }
+        connection.write.advance(n);
+    }
+    connection
+        .stream
+        .flush()
+        .await
+        .map_err(|e| format!("I/O: {e}"))
+}
+
+fn on_incoming(
+    codec: Codec,
+    connection: &mut Connection,
+    pubrel_owed: &mut BTreeSet<u16>,
+    events: &mut VecDeque<Event>,
+    incoming: Incoming,
+) -> Result<(), String> {
+    let pending = &mut connection.inflight.pending;
+    match incoming {
+        Incoming::Publish(received) => events.push_back(Event::Publish(received)),
+        Incoming::PubAck { pkid, refused } => {
+            if pending.get(&pkid) == Some(&Pending::Publish(Qos::AtLeastOnce)) {
+                pending.remove(&pkid);
+                events.push_back(Event::Acked { pkid, refused });
+            } else {
+                tracing::warn!(pkid, "a PUBACK for no publish in flight; ignored");
+            }
+        }
+        Incoming::PubRec { pkid, refused } => {
+            if pending.get(&pkid) != Some(&Pending::Publish(Qos::ExactlyOnce)) {
+                tracing::warn!(pkid, "a PUBREC for no publish in flight; ignored");
+            } else if refused.is_some() {
+                // A refused QoS 2 publish ends at its PUBREC (v5 §4.3.3).
+                pending.remove(&pkid);
+                events.push_back(Event::Acked { pkid, refused });
+            } else {
+                pending.insert(pkid, Pending::Complete);
+                pubrel_owed.insert(pkid);
+                codec.pubrel(pkid, &mut connection.write).map_err(|e| e.0)?;
+            }
+        }
+        Incoming::PubComp { pkid } => {
+            if pending.get(&pkid) == Some(&Pending::Complete) {
+                pending.remove(&pkid);
+                let ours = pubrel_owed.remove(&pkid);
+                // A PUBREL resent on a resumed session has no sender any more.
+                if ours {
+                    events.push_back(Event::Acked {
+                        pkid,
+                        refused: None,
+                    });
+                }
+            } else {
+                tracing::warn!(pkid, "a PUBCOMP for no publish in flight; ignored");
+            }
+        }
+        Incoming::PubRel { pkid } => {
+            codec
+                .pubcomp(pkid, &mut connection.write)
+                .map_err(|e| e.0)?;
+        }
+        Incoming::SubAck { pkid, refused } => {
+            if pending.remove(&pkid) == Some(Pending::Subscribe) {
+                events.push_back(Event::Subscribed { refused });
+            } else {
+                tracing::warn!(pkid, "a SUBACK for no subscription in flight; ignored");
+            }
+        }
+        Incoming::PingResp => connection.ping_sent = None,
+        Incoming::Disconnect(reason) => {
+            return Err(format!("the broker disconnected: {reason}"));
+        }
+        Incoming::ConnAck(_) => {
+            return Err("the broker sent a second CONNACK (a protocol error)".into());
+        }
+        Incoming::Unexpected(what) => {
+            return Err(format!(
+                "the broker sent a {what} packet, which only a client sends (a protocol error)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_cycle_through_the_window_and_are_not_reused_in_flight() {
+        let mut inflight = Inflight::new(3);
+        let publish = Pending::Publish(Qos::AtLeastOnce);
+        let ids: Vec<_> = (0..3).map(|_| inflight.allocate(publish, 3)).collect();
+        assert_eq!(ids, [Some(1), Some(2), Some(3)]);
+        assert_eq!(inflight.allocate(publish, 3), None, "the window is full");
+        inflight.pending.remove(&2);
+        assert_eq!(inflight.allocate(publish, 3), Some(2), "only 2 is free");
+        inflight.pending.remove(&1);
+        inflight.pending.remove(&3);
+        assert_eq!(inflight.allocate(publish, 3), Some(3));
+        assert_eq!(inflight.allocate(publish, 3), Some(1));
+        // A subscription may take an id beyond a full publish window.
+        assert_eq!(inflight.allocate(Pending::Subscribe, u16::MAX), Some(4));
+    }
+}
