@@ -1,6 +1,7 @@
 //! What the agent's end-to-end tests share: a configuration builder for a bridge from broker A
 //! (topic `{run}/in`) to broker B, and waiting for the conservation law.
 
+use ferry_shared::auth::client::{AuthChannel, ClientAuth};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -152,9 +153,11 @@ impl Bridge {
 }
 
 /// A client of the agent's local `DlqService` (on its admin listener).
-pub async fn dlq_client(agent: &Agent) -> anyhow::Result<DlqServiceClient<Channel>> {
+/// A client of the agent's local DLQ service (open mode: no credential; the
+/// type is the one the control plane's harness channel has too).
+pub async fn dlq_client(agent: &Agent) -> anyhow::Result<DlqServiceClient<AuthChannel>> {
     let channel = Channel::from_shared(agent.admin_url())?.connect().await?;
-    Ok(DlqServiceClient::new(channel))
+    Ok(DlqServiceClient::new(ClientAuth::default().wrap(channel)))
 }
 
 /// Waits until no binding has messages in flight and the counters of every binding satisfy

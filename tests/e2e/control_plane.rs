@@ -2,6 +2,7 @@
 //! TCP, Prometheus `/metrics`, graceful SIGTERM with an agent stream open,
 //! and two processes on one PostgreSQL database handing out lease versions.
 
+use ferry_shared::auth::client::{AuthChannel, ClientAuth};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use anyhow::Context;
 use ferry_shared::api::v1 as pb;
 use ferry_tests::{ChildProcess, TestDatabase, free_port, ports, project_bin, wait};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 const TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -19,12 +20,25 @@ pub struct ControlPlane {
     pub process: ChildProcess,
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    /// What the test's own gRPC calls ([`Self::channel`]) present: nothing
+    /// in the open mode, or the token [`Self::with_token`] set.
+    auth: ClientAuth,
     _dir: tempfile::TempDir,
 }
 
 impl ControlPlane {
     /// Starts one on SQLite in a fresh data directory, or on `state` when given.
     pub async fn start(state: Option<&str>) -> anyhow::Result<Self> {
+        Self::start_with(state, &[], &[]).await
+    }
+
+    /// Like [`Self::start`], with `extra` arguments (security flags) and
+    /// `env` added to the process's environment.
+    pub async fn start_with(
+        state: Option<&str>,
+        extra: &[String],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let grpc = ports::loopback(free_port()?);
         let http = ports::loopback(free_port()?);
@@ -43,10 +57,11 @@ impl ControlPlane {
         if let Some(state) = state {
             args.extend(["--state".to_owned(), state.to_owned()]);
         }
+        args.extend(extra.iter().cloned());
         let mut process = ChildProcess::spawn(
             project_bin("ferry-control-plane")?,
             args,
-            [("RUST_LOG", "info")],
+            std::iter::once(("RUST_LOG", "info")).chain(env.iter().copied()),
         )?;
         let started = wait::until(
             TIMEOUT,
@@ -62,16 +77,24 @@ impl ControlPlane {
             process,
             grpc,
             http,
+            auth: ClientAuth::default(),
             _dir: dir,
         })
+    }
+
+    /// The test's own calls present `token` from now on.
+    pub fn with_token(mut self, token: &str) -> anyhow::Result<Self> {
+        self.auth = ClientAuth::new(Some(token), None, None, None)?;
+        Ok(self)
     }
 
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.grpc)
     }
 
-    pub async fn channel(&self) -> anyhow::Result<Channel> {
-        Ok(Endpoint::from_shared(self.endpoint())?.connect().await?)
+    pub async fn channel(&self) -> anyhow::Result<AuthChannel> {
+        let channel = Endpoint::from_shared(self.endpoint())?.connect().await?;
+        Ok(self.auth.wrap(channel))
     }
 }
 

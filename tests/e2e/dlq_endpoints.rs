@@ -4,11 +4,11 @@
 //! the same default page size to a listing.
 
 use ferry_shared::api::v1 as pb;
+use ferry_shared::auth::client::AuthChannel;
 use ferry_shared::dlq::DEFAULT_PAGE_SIZE;
 use ferry_tests::Mosquitto;
 use pb::dlq_service_client::DlqServiceClient;
 use tonic::Code;
-use tonic::transport::Channel;
 
 use crate::agent_support::{Bridge, dlq_client};
 use crate::control_plane::ControlPlane;
@@ -27,7 +27,7 @@ struct Answers {
     default_page: (usize, bool),
 }
 
-async fn answers(mut dlq: DlqServiceClient<Channel>) -> anyhow::Result<Answers> {
+async fn answers(mut dlq: DlqServiceClient<AuthChannel>) -> anyhow::Result<Answers> {
     let refused = dlq
         .redrive_dlq_entries(pb::RedriveDlqEntriesRequest::default())
         .await

@@ -4,18 +4,28 @@
 //! applied, read back every way ferryctl shows it, changed, rolled back and
 //! its DLQ listed, a document is refused — and neither secret appears in any
 //! log line of any process nor in any ferryctl output, while `***` shows
-//! where a document was masked. `--show-secrets` without the admin role is
-//! refused with PERMISSION_DENIED naming the role.
+//! where a document was masked. The control plane runs with a token file
+//! (no open mode): the bearer tokens of the operator, the admin and the
+//! agent are secrets too. `--show-secrets` without the admin role is refused
+//! with PERMISSION_DENIED naming the role; with it the document comes back as
+//! stored (that one output is checked for the password and left out of the
+//! grep).
 
 use ferry_tests::mqtt::QoS;
 use ferry_tests::{Collector, Mosquitto, ids, project_bin, publish_seq};
 
 use crate::agent_managed::{ManagedAgent, TIMEOUT, running};
+use crate::auth::support::write_tokens;
 use crate::control_plane::ControlPlane;
 
 const PASSWORD: &str = "Ferry-Pa55word-7f3e9c";
 const TOKEN: &str = "ftok_4c1d9e0a7b2f48e6a1c3d5e7f9b0a2c4";
 const N: u64 = 20;
+/// Bearer tokens of the control plane's principals.
+const OPERATOR_TOKEN: &str = "ftok_op_91b7e2c4d6a84f0e9b3c5d7e1f2a4b6c";
+const ADMIN_TOKEN: &str = "ftok_admin_3e5a7c9b1d2f4e6a8c0b2d4f6a8c0e2b";
+const AGENT_TOKEN: &str = "ftok_agent_7d9f1b3e5c7a9e1d3b5f7a9c1e3d5b7f";
+const SECRETS: [&str; 5] = [PASSWORD, TOKEN, OPERATOR_TOKEN, ADMIN_TOKEN, AGENT_TOKEN];
 
 /// Ingress logs in as `ferry-in` with the password, egress as `ferry-out`
 /// with the token (plain TCP on loopback, so plaintext credentials are
@@ -73,18 +83,29 @@ routes:
     )
 }
 
-/// Every ferryctl run: its arguments, whether it succeeded, and all it printed.
+/// Every ferryctl run as the operator: its arguments, whether it succeeded,
+/// and all it printed.
 #[derive(Default)]
 struct Transcript(Vec<(String, bool, String)>);
 
+/// Runs ferryctl with `token` in `FERRY_TOKEN`.
+async fn ferryctl(
+    cp: &ControlPlane,
+    token: &str,
+    args: &[&str],
+) -> anyhow::Result<std::process::Output> {
+    Ok(tokio::process::Command::new(project_bin("ferryctl")?)
+        .env("FERRY_TOKEN", token)
+        .arg("--endpoint")
+        .arg(cp.endpoint())
+        .args(args)
+        .output()
+        .await?)
+}
+
 impl Transcript {
     async fn run(&mut self, cp: &ControlPlane, args: &[&str]) -> anyhow::Result<(bool, String)> {
-        let output = tokio::process::Command::new(project_bin("ferryctl")?)
-            .arg("--endpoint")
-            .arg(cp.endpoint())
-            .args(args)
-            .output()
-            .await?;
+        let output = ferryctl(cp, OPERATOR_TOKEN, args).await?;
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&output.stdout),
@@ -109,10 +130,30 @@ async fn no_password_or_token_reaches_a_log_line_or_ferryctl_output() -> anyhow:
         .user("ferry-out", TOKEN)
         .start()
         .await?;
-    let mut cp = ControlPlane::start(None).await?;
     let dir = tempfile::tempdir()?;
     let id = ids::unique("secrets");
-    let mut agent = ManagedAgent::start(&cp.endpoint(), &dir.path().join("agent"), &id)?;
+    let tokens = dir.path().join("tokens.yaml");
+    write_tokens(
+        &tokens,
+        &[
+            ("alice", "operator", None, OPERATOR_TOKEN),
+            ("root", "admin", None, ADMIN_TOKEN),
+            (&id, "agent", Some(&id), AGENT_TOKEN),
+        ],
+    )?;
+    let mut cp = ControlPlane::start_with(
+        None,
+        &["--tokens".to_owned(), tokens.display().to_string()],
+        &[("FERRY_INSECURE", "false")],
+    )
+    .await?
+    .with_token(OPERATOR_TOKEN)?;
+    let mut agent = ManagedAgent::start_with_env(
+        &cp.endpoint(),
+        &dir.path().join("agent"),
+        &id,
+        vec![("FERRY_TOKEN".to_owned(), AGENT_TOKEN.to_owned())],
+    )?;
     let out = Collector::start(&broker.url(), "collector", "out/#", QoS::AtLeastOnce).await?;
     let dlq = dir.path().join("dlq.db").display().to_string();
     let mut ctl = Transcript::default();
@@ -162,11 +203,8 @@ async fn no_password_or_token_reaches_a_log_line_or_ferryctl_output() -> anyhow:
 
     let history = ctl.ok(&cp, &["history", "vault"]).await?;
     assert!(history.contains("APPLIED BY"), "{history}");
-    // Before the authentication layer, every caller is `unauthenticated`.
-    assert!(
-        history.contains("unauthenticated from 127.0.0.1:"),
-        "{history}"
-    );
+    // Every version names the operator who applied it, and from where.
+    assert!(history.contains("alice from 127.0.0.1:"), "{history}");
     ctl.ok(&cp, &["history", "vault", "-o", "json"]).await?;
     ctl.ok(&cp, &["rollback", "vault", "--to", "1"]).await?;
     ctl.ok(&cp, &["rollback", "vault", "--to", "2", "-o", "yaml"])
@@ -189,6 +227,23 @@ async fn no_password_or_token_reaches_a_log_line_or_ferryctl_output() -> anyhow:
             "{args:?}: {text}"
         );
     }
+    // The admin may: the document as stored (this output alone holds the
+    // password, so it is not in the transcript the grep below reads).
+    let revealed = ferryctl(
+        &cp,
+        ADMIN_TOKEN,
+        &[
+            "describe",
+            "config",
+            "vault",
+            "--show-secrets",
+            "-o",
+            "yaml",
+        ],
+    )
+    .await?;
+    let revealed = String::from_utf8_lossy(&revealed.stdout);
+    assert!(revealed.contains(PASSWORD), "revealed:\n{revealed}");
 
     // A document the control plane refuses, and a masked one applied back:
     // the errors name the field, never its value.
@@ -226,14 +281,14 @@ async fn no_password_or_token_reaches_a_log_line_or_ferryctl_output() -> anyhow:
     let mut lines = 0;
     for (process, log) in &logs {
         lines += log.lines().count();
-        for secret in [PASSWORD, TOKEN] {
+        for secret in SECRETS {
             if let Some(line) = log.lines().find(|l| l.contains(secret)) {
                 panic!("the {process} logged a secret: {line}");
             }
         }
     }
     for (args, _, text) in &ctl.0 {
-        for secret in [PASSWORD, TOKEN] {
+        for secret in SECRETS {
             assert!(
                 !text.contains(secret),
                 "ferryctl {args} printed a secret:\n{text}"

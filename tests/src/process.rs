@@ -16,7 +16,7 @@
 //! **Open mode unless asked.** Every child starts with `FERRY_INSECURE=true` (the explicit
 //! development mode of `ferry-control-plane` and of an agent's admin listener) unless the test
 //! set `FERRY_INSECURE` itself: a test of authentication sets it to `false` and passes its
-//! credentials (`tests/e2e/auth_*.rs`). Other programs ignore the variable.
+//! credentials (`tests/e2e/auth/`, `tests/e2e/secrets.rs`). Other programs ignore the variable.
 //!
 //! The project's binaries are found next to the test executable ([`project_bin`]): Cargo puts
 //! them in `target/<profile>/`, test executables in `target/<profile>/deps/`. They must be built

@@ -171,9 +171,11 @@ async fn publishes_are_batched_within_the_outgoing_window_and_ids_are_not_reused
         assert!(seen.max_in_flight <= 8, "{seen:?}");
         assert!(seen.max_pkid <= 8, "{seen:?}");
         assert!(seen.reused_in_flight.is_empty(), "{seen:?}");
-        // One write per window at most (the tap may see a write split, never two merged
-        // across a PUBACK round trip): 200 publishes, windows of 8.
-        assert!(seen.publish_chunks <= 200 / 8 * 2, "{seen:?}");
+        // Fewer writes than publishes: the first window leaves in one write. How many
+        // writes the rest takes depends on how the PUBACKs arrive (one at a time frees one
+        // slot at a time on a loaded machine), so no tighter bound holds here; the batch
+        // below is the sharp check.
+        assert!(seen.publish_chunks < seen.publishes, "{seen:?}");
     });
 
     // A window of 64: 64 sends queued at once leave in far fewer writes than 64.

@@ -229,13 +229,14 @@ mod tests {
     use super::*;
     use crate::services::{Context, Options};
     use crate::state::sqlite::SqliteStore;
+    use crate::state::{AgentHello, ApplyConfig};
 
     fn by<T>(role: Role, message: T) -> Request<T> {
         let mut request = Request::new(message);
         request.extensions_mut().insert(Principal {
             name: format!("a-{role}"),
             role,
-            agent_id: None,
+            agent_id: (role == Role::Agent).then(|| "edge-1".to_owned()),
         });
         request
     }
@@ -263,6 +264,29 @@ mod tests {
             Options::default(),
             CancellationToken::new(),
         );
+        // Bridge b1 is assigned to agent edge-1 (an empty selector matches
+        // every agent), so its agent credential may hold b1's leases.
+        ctx.store
+            .upsert_agent(AgentHello {
+                agent_id: "edge-1".into(),
+                labels: Default::default(),
+                build_version: String::new(),
+                capabilities: Vec::new(),
+                connected_at: std::time::SystemTime::now(),
+            })
+            .await
+            .unwrap();
+        ctx.store
+            .apply_config(ApplyConfig {
+                bridge_id: "b1".into(),
+                yaml: "bridge:\n  id: b1\n".into(),
+                selector: Default::default(),
+                change_note: String::new(),
+                expected_version: None,
+                applied_by: Default::default(),
+            })
+            .await
+            .unwrap();
         let service = LeaseServiceImpl::new(ctx);
 
         // An agent's own acquire, renewal and release: routine.

@@ -12,4 +12,4 @@
 mod mtls;
 mod reload;
 mod rpcs;
-mod support;
+pub(crate) mod support;
