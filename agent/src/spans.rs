@@ -4,6 +4,10 @@
 //!
 //! Invariants:
 //!
+//! - **Exported, not logged**: the spans have the target
+//!   [`MESSAGE_TARGET`], which the log layer skips (formatting their fields
+//!   for every message cost more than exporting them); a log line inside one
+//!   still names its trace and span ids.
 //! - **Tracing off costs one atomic load per message**: every constructor
 //!   returns [`Span::none`] unless [`telemetry::is_tracing`], and a child of a
 //!   disabled span is disabled, so no attribute is formatted and nothing is
@@ -18,7 +22,7 @@ use std::borrow::Cow;
 
 use ferry_shared::dlq::DlqReason;
 use ferry_shared::envelope::{Envelope, TraceContext};
-use ferry_shared::telemetry::{self, propagation};
+use ferry_shared::telemetry::{self, MESSAGE_TARGET, propagation};
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
@@ -31,13 +35,12 @@ pub fn receive(route: &str, envelope: &Envelope) -> Span {
         return Span::none();
     }
     let span = tracing::info_span!(
+        target: MESSAGE_TARGET,
         "receive",
         otel.kind = "consumer",
         route,
         messaging.source = %envelope.source.address,
         messaging.message.id = %envelope.id,
-        trace_id = Empty,
-        span_id = Empty,
     );
     propagation::follow(&span, &envelope.trace);
     span
@@ -56,7 +59,7 @@ pub fn append(receive: &Span, partition: &str, records: usize) -> Span {
     if receive.is_disabled() {
         return Span::none();
     }
-    tracing::info_span!(parent: receive, "outbox.append", partition, records)
+    tracing::info_span!(target: MESSAGE_TARGET, parent: receive, "outbox.append", partition, records)
 }
 
 /// Sends `envelope` to `binding`'s `address` in a `send` span (attempt
@@ -88,6 +91,7 @@ fn send_span(binding: &str, address: &str, attempt: u32, trace: &TraceContext) -
         return Span::none();
     }
     let span = tracing::info_span!(
+        target: MESSAGE_TARGET,
         parent: None,
         "send",
         otel.kind = "producer",
@@ -96,8 +100,6 @@ fn send_span(binding: &str, address: &str, attempt: u32, trace: &TraceContext) -
         attempt,
         outcome = Empty,
         error = Empty,
-        trace_id = Empty,
-        span_id = Empty,
     );
     propagation::follow(&span, trace);
     span
@@ -132,13 +134,12 @@ pub fn dispose(operation: &'static str, binding: &str, reason: &str, trace: &Tra
         return Span::none();
     }
     let span = tracing::info_span!(
+        target: MESSAGE_TARGET,
         parent: None,
         "dispose",
         otel.name = operation,
         binding,
         reason,
-        trace_id = Empty,
-        span_id = Empty,
     );
     propagation::follow(&span, trace);
     span

@@ -2,8 +2,8 @@
 //! the gRPC method, a child of the caller's span when the request carries a
 //! `traceparent` (ferryctl and agents send theirs), with the agent id and the
 //! bridge recorded by the service once it knows them ([`record_agent`],
-//! [`record_bridge`]). Log lines inside a handler carry the span's fields,
-//! its `trace_id` among them.
+//! [`record_bridge`]). Log lines inside a handler carry the span's fields
+//! and, when it is traced, its trace and span ids.
 
 use ferry_shared::telemetry::propagation;
 use tonic::codegen::http;
@@ -21,8 +21,6 @@ pub fn rpc_span(request: &http::Request<()>) -> Span {
         rpc.method = method,
         agent = Empty,
         bridge = Empty,
-        trace_id = Empty,
-        span_id = Empty,
     );
     propagation::follow_headers(&span, request.headers());
     span

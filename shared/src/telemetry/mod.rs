@@ -13,13 +13,14 @@
 //! message: [`is_tracing`] is false and the per-message spans are never
 //! created. Only spans of Ferry's own crates are exported (not the spans of
 //! the libraries below), and log events stay in the log; a log line inside a
-//! traced span names its `trace_id`.
+//! traced span names its `trace_id` and `span_id` ([`log_ids`]).
 //!
 //! [`propagation`] carries W3C trace context between spans and the envelope
 //! or gRPC metadata.
 
 mod args;
 mod export;
+mod log_ids;
 pub mod propagation;
 
 use std::collections::BTreeMap;
@@ -32,14 +33,17 @@ use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{FilterExt as _, filter_fn};
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 pub use args::TelemetryArgs;
 pub use export::{EXPORT_TIMEOUT, MAX_BATCH, QUEUE_CAPACITY, dropped_spans};
+pub use log_ids::MESSAGE_TARGET;
 
 use crate::config::{Env, Telemetry as TelemetryConfig};
+use log_ids::WithTraceIds;
 
 /// How long shutdown waits for the queued spans to be exported.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -239,10 +243,17 @@ pub fn init(settings: Settings) -> Result<Telemetry, TelemetryError> {
             let (provider, task) = provider(&settings, endpoint)?;
             let layer = tracing_opentelemetry::layer()
                 .with_tracer(provider.tracer("ferry"))
+                // Each of these costs every span something for nothing we
+                // use: busy/idle times, thread and source attributes, the
+                // `target` attribute, and making the span's OpenTelemetry
+                // context current on every poll (Ferry propagates explicitly,
+                // `propagation`).
                 .with_tracked_inactivity(false)
                 .with_threads(false)
                 .with_location(false)
-                .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+                .with_target(false)
+                .with_context_activation(false)
+                .with_filter(filter_fn(|meta| {
                     meta.is_span() && meta.target().starts_with("ferry")
                 }));
             (Some(layer), Some((provider, task)))
@@ -255,15 +266,20 @@ pub fn init(settings: Settings) -> Result<Telemetry, TelemetryError> {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(settings.log_writer)
             .with_ansi(settings.ansi)
+            .map_event_format(WithTraceIds)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)
             .with_span_list(true)
             .with_writer(settings.log_writer)
+            .map_event_format(WithTraceIds)
             .boxed(),
     }
-    .with_filter(filter);
+    // The per-message spans are exported, not formatted (see `log_ids`).
+    .with_filter(filter.and(filter_fn(|meta| {
+        !(meta.is_span() && meta.target() == MESSAGE_TARGET)
+    })));
     tracing_subscriber::registry()
         .with(log)
         .with(otel)

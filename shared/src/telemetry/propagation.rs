@@ -44,10 +44,8 @@ impl Injector for TraceContext {
 }
 
 /// Makes `span` a child of the span `parent` names (a publisher's, or the
-/// one Ferry stored with the message), and records its trace id in the
-/// span's `trace_id` field (when it declares one) so log lines inside it name
-/// the trace. A missing or malformed `traceparent` leaves `span` the root of
-/// a new trace. Call it before the span is entered.
+/// one Ferry stored with the message). A missing or malformed `traceparent`
+/// leaves `span` the root of a new trace. Call it before the span is entered.
 pub fn follow(span: &Span, parent: &TraceContext) {
     if span.is_disabled() {
         return;
@@ -58,21 +56,6 @@ pub fn follow(span: &Span, parent: &TraceContext) {
             // Fails only for a span already started, which this one is not.
             let _ = span.set_parent(cx);
         }
-    }
-    record_ids(span);
-}
-
-/// Records the span's trace and span ids in its `trace_id` / `span_id`
-/// fields (when it declares them).
-pub fn record_ids(span: &Span) {
-    if span.is_disabled() {
-        return;
-    }
-    let cx = span.context();
-    let sc = cx.span().span_context().clone();
-    if sc.is_valid() {
-        span.record("trace_id", tracing::field::display(sc.trace_id()));
-        span.record("span_id", tracing::field::display(sc.span_id()));
     }
 }
 
@@ -134,7 +117,6 @@ pub fn follow_headers(span: &Span, headers: &tonic::codegen::http::HeaderMap) {
     if cx.span().span_context().is_valid() {
         let _ = span.set_parent(cx);
     }
-    record_ids(span);
 }
 
 #[cfg(test)]
@@ -156,7 +138,7 @@ mod tests {
         let subscriber = tracing_subscriber::registry()
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
         let ours = tracing::subscriber::with_default(subscriber, || {
-            let span = tracing::info_span!("receive", trace_id = tracing::field::Empty);
+            let span = tracing::info_span!("receive");
             follow(
                 &span,
                 &TraceContext {
