@@ -27,6 +27,7 @@ use std::time::Duration;
 use ferry_shared::envelope::Envelope;
 use tokio::sync::watch;
 
+pub mod aws;
 pub mod mqtt;
 
 /// The future [`Sender::send`] returns.
