@@ -1,4 +1,4 @@
-//! One moto server (SQS and DynamoDB on loopback) shared by the tests of a process.
+//! One moto server (SQS, SNS and DynamoDB on loopback) shared by the tests of a process.
 //!
 //! [`Moto::shared`] starts `moto_server` from the Python venv at `$FERRY_VENV` (default: `.venv`
 //! at the repository root, where `./scripts/setup.sh` installs it) on a free loopback port the
@@ -72,6 +72,24 @@ impl Moto {
             .endpoint_url(&self.endpoint)
             .build();
         aws_sdk_sqs::Client::from_conf(config)
+    }
+
+    /// An SNS client for this server.
+    pub fn sns(&self) -> aws_sdk_sns::Client {
+        use aws_sdk_sns::config::{BehaviorVersion, Credentials, Region};
+        let config = aws_sdk_sns::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new(REGION))
+            .credentials_provider(Credentials::new(
+                ACCESS_KEY_ID,
+                SECRET_ACCESS_KEY,
+                None,
+                None,
+                "ferry-tests",
+            ))
+            .endpoint_url(&self.endpoint)
+            .build();
+        aws_sdk_sns::Client::from_conf(config)
     }
 
     /// A DynamoDB client for this server.
