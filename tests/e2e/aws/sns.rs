@@ -1,8 +1,7 @@
 //! MQTT into an SNS topic, read back from an SQS queue subscribed to it.
 
+use ferry_tests::PublishOptions;
 use ferry_tests::moto::{ACCOUNT_ID, REGION};
-use ferry_tests::mqtt::QoS;
-use ferry_tests::{PublishOptions, publish_seq_with};
 
 use super::support::{Case, DIRECT, TRACE_ID, TRACEPARENT, attribute};
 
@@ -13,7 +12,7 @@ async fn mqtt_to_sns_reaches_a_subscribed_queue() -> anyhow::Result<()> {
     const N: u64 = 20;
     let case = Case::new().await?;
     let (queue, url) = case.aws.queue("sub", &[]).await?;
-    let sns = case.aws.moto.sns();
+    let sns = &case.aws.sns;
     let topic = format!("{queue}-topic");
     let arn = sns
         .create_topic()
@@ -39,14 +38,7 @@ async fn mqtt_to_sns_reaches_a_subscribed_queue() -> anyhow::Result<()> {
         ],
         ..Default::default()
     };
-    publish_seq_with(
-        &case.broker.url(),
-        &case.input(),
-        0..N,
-        QoS::AtLeastOnce,
-        headers,
-    )
-    .await?;
+    case.publish(0..N, headers).await?;
     let (got, copies) = case.aws.drain(&url, 0..N).await?;
     assert_eq!(copies as u64, N, "each message once");
     for (seq, m) in &got {

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::QueueAttributeName;
 use ferry_shared::api::v1 as pb;
-use ferry_tests::mqtt::QoS;
-use ferry_tests::{PublishOptions, publish_seq_with, wait};
+use ferry_tests::moto::Moto;
+use ferry_tests::{PublishOptions, wait};
 
-use super::support::{Case, DELIVERY, DIRECT, TRACE_ID, TRACEPARENT, attribute};
+use super::support::{Aws, Case, DELIVERY, DIRECT, TRACE_ID, TRACEPARENT, attribute};
 use crate::agent_support::dlq_client;
 
 const FAN_OUT: &str = "    delivery_mode: shared_outbox\n    dispatch_mode: fan_out\n    session:\n      session_id: dst\n      sender_id: out\n      drain_interval: 200ms\n      drain_batch_size: 100\n      lease_ttl: 3s\n      step_down_grace: 2s\n";
@@ -64,14 +64,7 @@ async fn mqtt_to_sqs_keeps_headers() -> anyhow::Result<()> {
         ],
         ..Default::default()
     };
-    publish_seq_with(
-        &case.broker.url(),
-        &case.input(),
-        0..N,
-        QoS::AtLeastOnce,
-        headers,
-    )
-    .await?;
+    case.publish(0..N, headers).await?;
     let (got, copies) = case.aws.drain(&url, 0..N).await?;
     assert_eq!(copies as u64, N, "each message once");
     for (seq, m) in &got {
@@ -98,15 +91,13 @@ async fn a_bad_entry_is_dead_lettered_and_the_rest_sent() -> anyhow::Result<()> 
     let (queue, url) = case.aws.queue("bad", &[]).await?;
     let yaml = case.mqtt_to_aws("sqs", &format!("queue_name: {queue}"), &queue, ROUTE);
     let agent = case.agent(&yaml).await?;
-    let (url_b, input) = (case.broker.url(), case.input());
-    let publish = |seqs, extra| publish_seq_with(&url_b, &input, seqs, QoS::AtLeastOnce, extra);
-    publish(0..N / 2, PublishOptions::default()).await?;
+    case.publish(0..N / 2, PublishOptions::default()).await?;
     let oversized = PublishOptions {
         payload_size: 300 * 1024,
         ..Default::default()
     };
-    publish(1000..1001, oversized).await?;
-    publish(N / 2..N, PublishOptions::default()).await?;
+    case.publish(1000..1001, oversized).await?;
+    case.publish(N / 2..N, PublishOptions::default()).await?;
     let (got, copies) = case.aws.drain(&url, 0..N).await?;
     assert_eq!(copies as u64, N, "each good message once: {:?}", got.keys());
     let entries = wait::until_ok(DELIVERY, "one DLQ entry", || async {
@@ -200,5 +191,113 @@ async fn held_messages_survive_a_crash_and_the_heartbeat_keeps_them() -> anyhow:
         redelivered,
         "SQS never handed the held message out again"
     );
+    Ok(())
+}
+
+/// MQTT into a FIFO queue grouped by the `device` header: the queue holds each message once,
+/// in publish order; a message published again with the same trusted `ferry-message-id` (a
+/// redelivery from an upstream Ferry agent) is dropped by SQS as a duplicate.
+#[tokio::test]
+async fn a_fifo_queue_keeps_order_and_drops_duplicates_by_id() -> anyhow::Result<()> {
+    const N: u64 = 20;
+    let case = Case::new().await?;
+    let (queue, url) = case
+        .aws
+        .queue("order.fifo", &[(QueueAttributeName::FifoQueue, "true")])
+        .await?;
+    let sender = format!("queue_name: {queue}\n        message_group_id: \"{{header:device}}\"");
+    let route = "    delivery_mode: direct_hold\n    policy:\n      max_in_flight: 1\n";
+    let yaml = case.mqtt_to_aws("sqs", &sender, &queue, route).replace(
+        "        qos: 1\nsenders:",
+        "        qos: 1\n    trust_message_id: true\nsenders:",
+    );
+    let _agent = case.agent(&yaml).await?;
+    let device = |extra: &[(&str, &str)]| PublishOptions {
+        user_properties: [("device", "d-1")]
+            .iter()
+            .chain(extra)
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Default::default()
+    };
+    case.publish(0..N, device(&[])).await?;
+    // Three publishes of one message id: SQS keeps the first.
+    case.publish(N..N + 3, device(&[("ferry-message-id", "upstream-7")]))
+        .await?;
+    let mut order = Vec::new();
+    while order.last() != Some(&N) {
+        let out = case
+            .aws
+            .sqs
+            .receive_message()
+            .queue_url(&url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .message_attribute_names("All")
+            .send()
+            .await?;
+        for m in out.messages() {
+            assert!(attribute(m, "ferry-message-id").is_some(), "{m:?}");
+            order.push(
+                ferry_tests::mqtt::parse_seq(m.body().unwrap_or_default().as_bytes())
+                    .unwrap_or(u64::MAX),
+            );
+            if let Some(h) = m.receipt_handle() {
+                case.aws
+                    .sqs
+                    .delete_message()
+                    .queue_url(&url)
+                    .receipt_handle(h)
+                    .send()
+                    .await?;
+            }
+        }
+        anyhow::ensure!(order.len() as u64 <= N + 3, "{order:?}");
+    }
+    assert_eq!(order, (0..=N).collect::<Vec<_>>(), "in order, each once");
+    // The two duplicates were sent (accepted by SQS) and dropped there.
+    case.aws.wait_empty(&url).await?;
+    Ok(())
+}
+
+/// The SQS endpoint is gone for ten seconds (moto killed, then started again empty on its
+/// port, the queue created anew) while MQTT messages keep coming: the route holds them, the
+/// session shows disconnected, nothing is dead-lettered, and once the endpoint is back every
+/// message is sent.
+#[tokio::test]
+async fn an_sqs_outage_loses_nothing() -> anyhow::Result<()> {
+    const N: u64 = 20;
+    let mut moto = Moto::start_private().await?;
+    let case = Case::with(Aws::on(&moto)).await?;
+    let queue_attrs = [(QueueAttributeName::VisibilityTimeout, "5")];
+    let (queue, url) = case.aws.queue("outage", &queue_attrs).await?;
+    let yaml = case.mqtt_to_aws("sqs", &format!("queue_name: {queue}"), &queue, DIRECT);
+    let agent = case.agent(&yaml).await?;
+    case.publish(0..N / 2, PublishOptions::default()).await?;
+    case.aws.drain(&url, 0..N / 2).await?;
+
+    moto.kill()?;
+    case.publish(N / 2..N, PublishOptions::default()).await?;
+    wait::until(DELIVERY, "the sqs session disconnected", || {
+        std::future::ready(
+            agent
+                .metrics()
+                .is_ok_and(|m| m.session("ferry_session_connected", "aws") == 0.0),
+        )
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    moto.restart().await?;
+    case.aws
+        .sqs
+        .create_queue()
+        .queue_name(&queue)
+        .send()
+        .await?;
+    let (_, copies) = case.aws.drain(&url, N / 2..N).await?;
+    assert!(copies as u64 >= N / 2);
+    let m = agent.metrics()?;
+    let c = m.binding("r", "x");
+    assert_eq!((c.dead_lettered, c.dropped), (0, 0), "{c:?}");
     Ok(())
 }

@@ -11,7 +11,7 @@ use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName
 use ferry_tests::agent::Agent;
 use ferry_tests::moto::Moto;
 use ferry_tests::mqtt::{QoS, parse_seq};
-use ferry_tests::{Collector, Mosquitto, ids, wait};
+use ferry_tests::{Collector, Mosquitto, PublishOptions, ids, publish_seq_with, wait};
 use tempfile::TempDir;
 
 /// How long a test waits for deliveries.
@@ -21,28 +21,32 @@ pub const DELIVERY: Duration = Duration::from_secs(60);
 pub const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 pub const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 
-/// The moto server and an SQS client on it.
+/// A moto server's endpoint, the environment of an agent that talks to it, and clients.
 pub struct Aws {
-    pub moto: &'static Moto,
+    pub endpoint: String,
+    pub env: Vec<(String, String)>,
     pub sqs: aws_sdk_sqs::Client,
+    pub sns: aws_sdk_sns::Client,
 }
 
 impl Aws {
+    /// The shared server.
     pub async fn new() -> anyhow::Result<Self> {
-        let moto = Moto::shared().await?;
-        Ok(Self {
-            moto,
-            sqs: moto.sqs(),
-        })
+        Ok(Self::on(Moto::shared().await?))
     }
 
-    /// The environment of an agent that talks to moto.
-    pub fn env(&self) -> Vec<(String, String)> {
-        self.moto
-            .env()
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect()
+    /// Clients of `moto`.
+    pub fn on(moto: &Moto) -> Self {
+        Self {
+            endpoint: moto.endpoint().to_owned(),
+            env: moto
+                .env()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+            sqs: moto.sqs(),
+            sns: moto.sns(),
+        }
     }
 
     /// Creates a queue named `{prefix}-{unique}` with `attributes`; returns its name and URL.
@@ -232,8 +236,13 @@ pub struct Case {
 
 impl Case {
     pub async fn new() -> anyhow::Result<Self> {
+        Self::with(Aws::new().await?).await
+    }
+
+    /// A case on the moto server of `aws`.
+    pub async fn with(aws: Aws) -> anyhow::Result<Self> {
         Ok(Self {
-            aws: Aws::new().await?,
+            aws,
             broker: Mosquitto::start().await?,
             dir: tempfile::tempdir()?,
             run: ids::unique("e2e"),
@@ -259,7 +268,7 @@ impl Case {
              bindings:\n  - id: x\n    sender_id: out\n    address: {address}\n\
              routes:\n  - id: r\n    receiver_id: in\n    bindings: [x]\n{route}",
             mqtt_session("src", &self.broker.url(), &format!("{}-in", self.run)),
-            aws_session("aws", transport, self.aws.moto.endpoint(), &[]),
+            aws_session("aws", transport, &self.aws.endpoint, &[]),
             stores(self.dir.path()),
             input = self.input(),
         )
@@ -279,7 +288,7 @@ impl Case {
         let mut y = format!(
             "bridge:\n  id: e2e\nsessions:\n{}{}{}receivers:\n  - id: in\n    session_id: aws\n    queue: {queue}\n\
              senders:\n  - id: out\n    session_id: dst\n    options:\n      sender:\n        qos: 1\nbindings:\n",
-            aws_session("aws", "sqs", self.aws.moto.endpoint(), &options),
+            aws_session("aws", "sqs", &self.aws.endpoint, &options),
             mqtt_session("dst", &self.broker.url(), &format!("{}-out", self.run)),
             stores(self.dir.path()),
         );
@@ -298,6 +307,22 @@ impl Case {
         y
     }
 
+    /// Publishes `seqs` to [`Self::input`] with `extra`.
+    pub async fn publish(
+        &self,
+        seqs: std::ops::Range<u64>,
+        extra: PublishOptions,
+    ) -> anyhow::Result<()> {
+        publish_seq_with(
+            &self.broker.url(),
+            &self.input(),
+            seqs,
+            QoS::AtLeastOnce,
+            extra,
+        )
+        .await
+    }
+
     /// A collector of every output topic.
     pub async fn collector(&self) -> anyhow::Result<Collector> {
         Collector::start(
@@ -311,7 +336,7 @@ impl Case {
 
     /// Starts an agent on `yaml` with moto's environment and waits until it is ready.
     pub async fn agent(&self, yaml: &str) -> anyhow::Result<Agent> {
-        let mut agent = Agent::start_with_env(self.dir.path(), yaml, self.aws.env())?;
+        let mut agent = Agent::start_with_env(self.dir.path(), yaml, self.aws.env.clone())?;
         agent.wait_ready(Duration::from_secs(30)).await?;
         Ok(agent)
     }
