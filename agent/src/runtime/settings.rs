@@ -148,6 +148,7 @@ pub(super) fn sqs_receiver(
         visibility_timeout: s.visibility_timeout.map(|d| d.get()),
         max_messages: s.max_messages,
         max_payload_bytes: route.policy.max_payload_bytes as usize,
+        max_receives: route.policy.max_replay_attempts.saturating_add(1),
     })
 }
 

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use anyhow::Context;
 use aws_sdk_sqs::types::QueueAttributeName;
 use ferry_shared::api::v1 as pb;
 use ferry_tests::moto::Moto;
@@ -299,5 +300,86 @@ async fn an_sqs_outage_loses_nothing() -> anyhow::Result<()> {
     let m = agent.metrics()?;
     let c = m.binding("r", "x");
     assert_eq!((c.dead_lettered, c.dropped), (0, 0), "{c:?}");
+    Ok(())
+}
+
+/// A message SQS has handed out twice already (to another consumer here) arrives with
+/// `ApproximateReceiveCount` 3, the last receive its queue's redrive policy (`maxReceiveCount`
+/// 3) allows: Ferry dead-letters it as `replay_exhausted` and deletes it, before SQS would move
+/// it to the queue's own dead-letter queue. A fresh message goes through.
+#[tokio::test]
+async fn a_poison_message_reaches_ferrys_dlq_before_the_redrive_policy() -> anyhow::Result<()> {
+    let case = Case::new().await?;
+    let (_, dlq_url) = case.aws.queue("redrive-dlq", &[]).await?;
+    let dlq_arn = dlq_url.rsplit('/').next().map(|name| {
+        format!(
+            "arn:aws:sqs:{}:{}:{name}",
+            ferry_tests::moto::REGION,
+            ferry_tests::moto::ACCOUNT_ID
+        )
+    });
+    let redrive = format!(
+        r#"{{"deadLetterTargetArn":"{}","maxReceiveCount":"3"}}"#,
+        dlq_arn.unwrap_or_default()
+    );
+    let (queue, url) = case
+        .aws
+        .queue("poison", &[(QueueAttributeName::RedrivePolicy, &redrive)])
+        .await?;
+    case.aws.send_seq(&url, 0..1).await?;
+    for _ in 0..2 {
+        let out = case
+            .aws
+            .sqs
+            .receive_message()
+            .queue_url(&url)
+            .wait_time_seconds(5)
+            .send()
+            .await?;
+        let handle = out
+            .messages()
+            .first()
+            .and_then(|m| m.receipt_handle())
+            .context("the message is received")?;
+        case.aws
+            .sqs
+            .change_message_visibility()
+            .queue_url(&url)
+            .receipt_handle(handle)
+            .visibility_timeout(0)
+            .send()
+            .await?;
+    }
+    let collector = case.collector().await?;
+    let yaml = case.sqs_to_mqtt(&queue, &[], DIRECT, &["x"]);
+    let agent = case.agent(&yaml).await?;
+    let entries = wait::until_ok(DELIVERY, "one DLQ entry", || async {
+        let entries = dlq_client(&agent)
+            .await?
+            .list_dlq_entries(pb::ListDlqEntriesRequest::default())
+            .await?
+            .into_inner()
+            .entries;
+        anyhow::ensure!(entries.len() == 1, "{entries:?}");
+        Ok(entries)
+    })
+    .await?;
+    assert_eq!(
+        entries[0].reason,
+        pb::DlqReason::ReplayExhausted as i32,
+        "{entries:?}"
+    );
+    assert!(
+        entries[0].last_error.contains("received 3 times"),
+        "{}",
+        entries[0].last_error
+    );
+    case.aws.send_seq(&url, 1..2).await?;
+    collector
+        .wait_for(&case.output("x"), 1..2, DELIVERY)
+        .await?;
+    case.aws.wait_empty(&url).await?;
+    assert_eq!(case.aws.depth(&dlq_url).await?, (0, 0));
+    assert_eq!(collector.counts().count(&case.output("x"), 0), 0);
     Ok(())
 }

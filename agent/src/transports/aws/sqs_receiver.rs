@@ -24,7 +24,13 @@
 //!   another consumer. If the agent dies, the extensions stop and each held
 //!   message reappears within one timeout.
 //! - `ApproximateReceiveCount` above one marks a delivery as redelivered;
-//!   the id of every delivery of a message is its SQS message id.
+//!   the id of every delivery of a message is its SQS message id. A message
+//!   received more than `max_receives` times (the route's
+//!   `max_replay_attempts` + 1), or for the last time the queue's redrive
+//!   policy allows (`maxReceiveCount`; the first receive is always tried), is
+//!   delivered with
+//!   [`Defect::TooManyReceives`]: the route dead-letters it (poison) before
+//!   SQS would move it to the queue's own dead-letter queue.
 //! - The poller and the keeper (heartbeat, deletes) stop with the session;
 //!   the keeper first deletes what was acknowledged and releases what is
 //!   still held. A settle after that is a no-op (the message reappears).
@@ -68,6 +74,9 @@ pub struct SqsReceiverSettings {
     pub max_messages: u8,
     /// Larger bodies are delivered with a [`Defect::Oversized`].
     pub max_payload_bytes: usize,
+    /// A message received more often is delivered with a
+    /// [`Defect::TooManyReceives`].
+    pub max_receives: u32,
 }
 
 /// Receives the messages of one queue.
@@ -121,8 +130,20 @@ impl Poller {
             () = token.cancelled() => None,
             resolved = self.resolve() => Some(resolved),
         };
-        let Some((url, visibility)) = resolved else {
+        let Some(Resolved {
+            url,
+            visibility,
+            redrive_max,
+        }) = resolved
+        else {
             return;
+        };
+        // SQS moves a message away instead of handing it out once more when
+        // its receive count would pass `maxReceiveCount`: the receive before
+        // that is Ferry's last chance (but the first is always tried).
+        let max_receives = match redrive_max {
+            Some(m) => self.settings.max_receives.min(m.saturating_sub(1).max(1)),
+            None => self.settings.max_receives,
         };
         let (events, rx) = mpsc::unbounded_channel();
         let keeper = Keeper {
@@ -163,16 +184,16 @@ impl Poller {
                 }
             };
             for (permit, message) in permits.zip(messages) {
-                if let Some(delivery) = self.delivery(message, &events) {
+                if let Some(delivery) = self.delivery(message, max_receives, &events) {
                     permit.send(delivery);
                 }
             }
         }
     }
 
-    /// The queue URL and the visibility timeout to extend by, retried until
-    /// the service answers.
-    async fn resolve(&self) -> (String, Duration) {
+    /// The queue URL, the visibility timeout to extend by and the redrive
+    /// limit, retried until the service answers.
+    async fn resolve(&self) -> Resolved {
         let mut backoff = RETRY_FIRST;
         loop {
             match self.try_resolve().await {
@@ -186,11 +207,8 @@ impl Poller {
         }
     }
 
-    async fn try_resolve(&self) -> Result<(String, Duration), AwsError> {
+    async fn try_resolve(&self) -> Result<Resolved, AwsError> {
         let url = self.queue.url(&self.shared).await?.to_owned();
-        if let Some(v) = self.settings.visibility_timeout {
-            return Ok((url, v));
-        }
         let result = self
             .shared
             .sqs()
@@ -198,16 +216,27 @@ impl Poller {
             .get_queue_attributes()
             .queue_url(&url)
             .attribute_names(QueueAttributeName::VisibilityTimeout)
+            .attribute_names(QueueAttributeName::RedrivePolicy)
             .send()
             .await
             .map_err(|e| classify("GetQueueAttributes", &e));
         self.shared.observed(&result);
-        let secs = result?
-            .attributes()
-            .and_then(|a| a.get(&QueueAttributeName::VisibilityTimeout))
+        let out = result?;
+        let attribute = |name: &QueueAttributeName| out.attributes().and_then(|a| a.get(name));
+        let queue_visibility = attribute(&QueueAttributeName::VisibilityTimeout)
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(30);
-        Ok((url, Duration::from_secs(secs.max(1))))
+        let visibility = self
+            .settings
+            .visibility_timeout
+            .unwrap_or(Duration::from_secs(queue_visibility.max(1)));
+        let redrive_max = attribute(&QueueAttributeName::RedrivePolicy)
+            .and_then(|policy| max_receive_count(policy));
+        Ok(Resolved {
+            url,
+            visibility,
+            redrive_max,
+        })
     }
 
     async fn receive(&self, url: &str) -> Result<Vec<Message>, AwsError> {
@@ -231,6 +260,7 @@ impl Poller {
     fn delivery(
         &self,
         message: Message,
+        max_receives: u32,
         events: &mpsc::UnboundedSender<Event>,
     ) -> Option<Delivery> {
         let receipt = message.receipt_handle?;
@@ -248,10 +278,19 @@ impl Poller {
             .filter_map(|(k, v)| v.string_value.map(|s| (k, s)));
         let (headers, trace) = incoming(attributes);
         let payload = Bytes::from(message.body.unwrap_or_default());
-        let defect = (payload.len() > self.settings.max_payload_bytes).then(|| Defect::Oversized {
-            size: payload.len(),
-            limit: self.settings.max_payload_bytes,
-        });
+        let defect = if payload.len() > self.settings.max_payload_bytes {
+            Some(Defect::Oversized {
+                size: payload.len(),
+                limit: self.settings.max_payload_bytes,
+            })
+        } else if receive_count > max_receives {
+            Some(Defect::TooManyReceives {
+                receives: receive_count,
+                limit: max_receives,
+            })
+        } else {
+            None
+        };
         let envelope = Envelope {
             id: message
                 .message_id
@@ -280,6 +319,26 @@ impl Poller {
                     .ok();
             }),
         })
+    }
+}
+
+/// What the poller learns about its queue before polling.
+struct Resolved {
+    url: String,
+    visibility: Duration,
+    /// The redrive policy's `maxReceiveCount`, when the queue has one.
+    redrive_max: Option<u32>,
+}
+
+/// `maxReceiveCount` of a `RedrivePolicy` attribute
+/// (`{"deadLetterTargetArn":"…","maxReceiveCount":"5"}`; the count may be a
+/// string or a number).
+fn max_receive_count(policy: &str) -> Option<u32> {
+    let value: serde_json::Value = serde_json::from_str(policy).ok()?;
+    match value.get("maxReceiveCount")? {
+        serde_json::Value::String(s) => s.parse().ok(),
+        serde_json::Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+        _ => None,
     }
 }
 
@@ -496,5 +555,21 @@ impl Keeper {
                 f.id().parse::<usize>().ok()
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redrive_policy_limits() {
+        let arn = "arn:aws:sqs:us-east-1:123456789012:dlq";
+        let as_string = format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"4"}}"#);
+        assert_eq!(max_receive_count(&as_string), Some(4));
+        let as_number = format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":7}}"#);
+        assert_eq!(max_receive_count(&as_number), Some(7));
+        assert_eq!(max_receive_count("{}"), None);
+        assert_eq!(max_receive_count("not json"), None);
     }
 }
