@@ -4,3 +4,4 @@
 mod sns;
 mod sqs;
 mod support;
+mod throughput;
