@@ -19,10 +19,12 @@
 //!   out the timeout. If that call fails, the timeout does the same later.
 //! - **While held, a message stays invisible**: every message from receive to
 //!   delete is extended to a full visibility timeout (the session's
-//!   `visibility_timeout`, else the queue's own `VisibilityTimeout`) once half
-//!   of it has passed, so a slow destination does not make SQS hand it to
-//!   another consumer. If the agent dies, the extensions stop and each held
-//!   message reappears within one timeout.
+//!   `visibility_timeout`, else the queue's own `VisibilityTimeout`) once a
+//!   third of it has passed, so a slow destination does not make SQS hand it
+//!   to another consumer. A third rather than half: the call itself takes
+//!   time on a loaded service, and a short timeout leaves little room. If
+//!   the agent dies, the extensions stop and each held message reappears
+//!   within one timeout.
 //! - `ApproximateReceiveCount` above one marks a delivery as redelivered;
 //!   the id of every delivery of a message is its SQS message id. A message
 //!   received more than `max_receives` times (the route's
@@ -364,7 +366,7 @@ struct Keeper {
 impl Keeper {
     async fn run(mut self, mut events: mpsc::UnboundedReceiver<Event>) {
         let token = self.shared.token.clone();
-        let mut tick = tokio::time::interval((self.visibility / 4).max(MIN_TICK));
+        let mut tick = tokio::time::interval((self.visibility / 6).max(MIN_TICK));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let mut releases = Vec::new();
@@ -486,14 +488,14 @@ impl Keeper {
         }
     }
 
-    /// Extends every held message whose last extension is half a timeout
-    /// old.
+    /// Extends every held message whose last extension is a third of a
+    /// timeout old.
     async fn heartbeat(&mut self) {
         let now = Instant::now();
         let due: Vec<String> = self
             .held
             .iter()
-            .filter(|(_, at)| now.duration_since(**at) >= self.visibility / 2)
+            .filter(|(_, at)| now.duration_since(**at) >= self.visibility / 3)
             .map(|(h, _)| h.clone())
             .collect();
         let secs = i32::try_from(self.visibility.as_secs()).unwrap_or(i32::MAX);
