@@ -238,6 +238,9 @@ fn deploy_examples_validate() {
         "ORDERS_QUEUE_URL" => {
             Some("https://sqs.eu-central-1.amazonaws.com/123456789012/orders".to_owned())
         }
+        "EVENTS_QUEUE_URL" => {
+            Some("https://sqs.eu-central-1.amazonaws.com/123456789012/events".to_owned())
+        }
         _ => None,
     };
     let mut seen = 0;
@@ -250,5 +253,5 @@ fn deploy_examples_validate() {
             seen += 1;
         }
     }
-    assert!(seen >= 3, "expected the example configurations in {dir}");
+    assert!(seen >= 6, "expected the example configurations in {dir}");
 }

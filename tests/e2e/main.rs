@@ -21,6 +21,7 @@ mod agent_support;
 mod agent_tracing;
 mod agent_visibility;
 mod auth;
+mod aws;
 mod control_plane;
 mod cp_stores;
 mod cp_stores_conformance;

@@ -26,11 +26,22 @@ pub struct Agent {
     agent_id: String,
     process: Option<ChildProcess>,
     runs: u32,
+    env: Vec<(String, String)>,
 }
 
 impl Agent {
     /// Writes `yaml` to `dir/bridge.yaml` and starts the agent on it.
     pub fn start(dir: &Path, yaml: &str) -> anyhow::Result<Self> {
+        Self::start_with_env(dir, yaml, Vec::new())
+    }
+
+    /// [`Self::start`] with extra environment variables (e.g. [`crate::moto::Moto::env`]),
+    /// kept for restarts.
+    pub fn start_with_env(
+        dir: &Path,
+        yaml: &str,
+        env: Vec<(String, String)>,
+    ) -> anyhow::Result<Self> {
         let config = dir.join("bridge.yaml");
         std::fs::write(&config, yaml).with_context(|| format!("writing {}", config.display()))?;
         let mut agent = Self {
@@ -39,6 +50,7 @@ impl Agent {
             agent_id: crate::ids::unique("agent"),
             process: None,
             runs: 0,
+            env,
         };
         agent.launch()?;
         Ok(agent)
@@ -55,7 +67,9 @@ impl Agent {
             "--agent-id".to_owned(),
             self.agent_id.clone(),
         ];
-        let env = [("RUST_LOG", "info,ferry_agent=debug")];
+        let env = [("RUST_LOG", "info,ferry_agent=debug")]
+            .into_iter()
+            .chain(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         self.process = Some(ChildProcess::spawn(&bin, args, env)?);
         self.runs += 1;
         Ok(())

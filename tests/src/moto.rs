@@ -1,4 +1,4 @@
-//! One moto server (SQS and DynamoDB on loopback) shared by the tests of a process.
+//! One moto server (SQS, SNS and DynamoDB on loopback) shared by the tests of a process.
 //!
 //! [`Moto::shared`] starts `moto_server` from the Python venv at `$FERRY_VENV` (default: `.venv`
 //! at the repository root, where `./scripts/setup.sh` installs it) on a free loopback port the
@@ -40,8 +40,8 @@ static SHARED: OnceCell<Moto> = OnceCell::const_new();
 /// A running moto server.
 pub struct Moto {
     endpoint: String,
-    // Held for the life of the process; `None` when the server came from $FERRY_TEST_MOTO_URL.
-    _server: Option<(ChildProcess, TempDir)>,
+    // Held for the life of the server; `None` when it came from $FERRY_TEST_MOTO_URL.
+    server: Option<(ChildProcess, TempDir)>,
 }
 
 impl Moto {
@@ -49,6 +49,44 @@ impl Moto {
     /// `./scripts/test.sh` when moto is not installed.
     pub async fn shared() -> anyhow::Result<&'static Moto> {
         SHARED.get_or_try_init(Self::start_or_connect).await
+    }
+
+    /// A server of the caller's own on a free port, which it may [`Self::kill`] and
+    /// [`Self::restart`] (an outage); started even when `$FERRY_TEST_MOTO_URL` is set.
+    pub async fn start_private() -> anyhow::Result<Moto> {
+        let binary = moto_server_binary()?;
+        let mut last_error = None;
+        for _ in 0..START_ATTEMPTS {
+            match Self::start(&binary, free_port()?).await {
+                Ok(moto) => return Ok(moto),
+                Err(error) if format!("{error:#}").contains("Address already in use") => {
+                    last_error = Some(error);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no attempt made")))
+    }
+
+    /// SIGKILL: the server is gone, and with it everything it held.
+    pub fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some((server, _)) = self.server.as_mut() {
+            server.sigkill()?;
+        }
+        Ok(())
+    }
+
+    /// Starts a killed private server again on its port, empty.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill()?;
+        let port = self
+            .endpoint
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .context("the endpoint has a port")?;
+        *self = Self::start(&moto_server_binary()?, port).await?;
+        Ok(())
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -72,6 +110,24 @@ impl Moto {
             .endpoint_url(&self.endpoint)
             .build();
         aws_sdk_sqs::Client::from_conf(config)
+    }
+
+    /// An SNS client for this server.
+    pub fn sns(&self) -> aws_sdk_sns::Client {
+        use aws_sdk_sns::config::{BehaviorVersion, Credentials, Region};
+        let config = aws_sdk_sns::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new(REGION))
+            .credentials_provider(Credentials::new(
+                ACCESS_KEY_ID,
+                SECRET_ACCESS_KEY,
+                None,
+                None,
+                "ferry-tests",
+            ))
+            .endpoint_url(&self.endpoint)
+            .build();
+        aws_sdk_sns::Client::from_conf(config)
     }
 
     /// A DynamoDB client for this server.
@@ -110,13 +166,13 @@ impl Moto {
             let endpoint = url.to_string_lossy().trim_end_matches('/').to_owned();
             return Ok(Moto {
                 endpoint,
-                _server: None,
+                server: None,
             });
         }
         let binary = moto_server_binary()?;
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
-            match Self::start(&binary).await {
+            match Self::start(&binary, free_port()?).await {
                 Ok(moto) => return Ok(moto),
                 Err(error) if format!("{error:#}").contains("Address already in use") => {
                     last_error = Some(error);
@@ -131,8 +187,7 @@ impl Moto {
             )))
     }
 
-    async fn start(binary: &Path) -> anyhow::Result<Moto> {
-        let port = free_port()?;
+    async fn start(binary: &Path, port: u16) -> anyhow::Result<Moto> {
         let dir = tempfile::Builder::new()
             .prefix("ferry-test-moto-")
             .tempdir()
@@ -158,7 +213,7 @@ impl Moto {
         }
         Ok(Moto {
             endpoint: format!("http://{addr}"),
-            _server: Some((server, dir)),
+            server: Some((server, dir)),
         })
     }
 }

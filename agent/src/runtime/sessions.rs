@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{BuildError, Deps, settings};
+use crate::transports::aws::AwsSession;
 use crate::transports::mqtt::{MqttSenderSettings, MqttSession, SettingsError};
 use crate::transports::{Receiver, Sender, Session};
 
@@ -60,7 +61,10 @@ pub(crate) fn check(
             }
             Ok(())
         }
-        Transport::Sqs => Err(unsupported(session)),
+        Transport::Sqs | Transport::Sns => {
+            settings::aws_session(session)?;
+            Ok(())
+        }
     }
 }
 
@@ -74,15 +78,8 @@ pub(crate) fn start(
     one_receiver(session, feed)?;
     match session.transport {
         Transport::Mqtt => start_mqtt(session, feed.first().copied(), token),
-        Transport::Sqs => Err(unsupported(session)),
+        Transport::Sqs | Transport::Sns => start_aws(session, feed.first().copied(), token),
     }
-}
-
-fn unsupported(session: &SessionConfig) -> BuildError {
-    BuildError::Unsupported(format!(
-        "session {}: transport {} is not supported by this agent yet",
-        session.id, session.transport
-    ))
 }
 
 fn one_receiver(
@@ -140,6 +137,39 @@ impl RunningSession for MqttSession {
 
     fn stopped(self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(MqttSession::stopped(*self))
+    }
+}
+
+fn start_aws(
+    session: &SessionConfig,
+    feed: Option<(&ReceiverConfig, &Route)>,
+    token: CancellationToken,
+) -> Result<Started, BuildError> {
+    let s = settings::aws_session(session)?;
+    let aws = AwsSession::start(s, token);
+    let receiver = match feed {
+        Some((r, route)) => {
+            let rx = aws.receiver(settings::sqs_receiver(session, r, route)?);
+            Some(Box::new(rx) as Box<dyn Receiver>)
+        }
+        None => None,
+    };
+    Ok(Started {
+        session: Box::new(aws),
+        receiver,
+    })
+}
+
+impl RunningSession for AwsSession {
+    fn sender(&self, sender: &SenderConfig, send_timeout: Duration) -> Arc<dyn Sender> {
+        Arc::new(AwsSession::sender(
+            self,
+            settings::aws_sender(sender, send_timeout),
+        ))
+    }
+
+    fn stopped(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(AwsSession::stopped(*self))
     }
 }
 

@@ -9,7 +9,7 @@ use ferry_shared::config::store::{
     ControlPlaneOptions, SqliteOptions as SqliteConfig, SqliteOutboxOptions, SqliteSynchronous,
 };
 use ferry_shared::config::{
-    DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, ProtocolVersion, Route, Session,
+    DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, ProtocolVersion, Route, Session, Transport,
 };
 
 use super::BuildError;
@@ -19,6 +19,9 @@ use crate::stores::sqlite::{
     SqliteDlqStore, SqliteLeaseStore, SqliteOptions, SqliteOutboxStore, Synchronous,
 };
 use crate::stores::{DlqStore, LeaseStore, OutboxStore};
+use crate::transports::aws::{
+    AwsSenderSettings, AwsSessionSettings, AwsTarget, Service, SqsReceiverSettings,
+};
 use crate::transports::mqtt::{
     MQTT_MAX_PACKET_BYTES, MqttReceiverSettings, MqttSessionSettings, Protocol, Qos,
 };
@@ -97,6 +100,82 @@ pub(super) fn mqtt_receiver(
     r.max_payload_bytes = route.policy.max_payload_bytes as usize;
     r.trust_message_id = receiver.trust_message_id;
     r
+}
+
+/// An `sqs` or `sns` session's settings.
+pub(super) fn aws_session(session: &Session) -> Result<AwsSessionSettings, BuildError> {
+    let service = match session.transport {
+        Transport::Sqs => Service::Sqs,
+        Transport::Sns => Service::Sns,
+        Transport::Mqtt => {
+            return Err(BuildError::Session(format!(
+                "session {}: not an AWS session",
+                session.id
+            )));
+        }
+    };
+    let s = &session.options.session;
+    Ok(AwsSessionSettings {
+        id: session.id.clone(),
+        service,
+        region: s.region.clone(),
+        endpoint_url: s.endpoint_url.clone(),
+    })
+}
+
+/// An SQS receiver's settings: its queue, the session's polling options and
+/// the route's payload limit.
+pub(super) fn sqs_receiver(
+    session: &Session,
+    receiver: &ferry_shared::config::Receiver,
+    route: &Route,
+) -> Result<SqsReceiverSettings, BuildError> {
+    let (Some(s), Some(queue)) = (session.sqs(), receiver.queue.clone()) else {
+        return Err(BuildError::Session(format!(
+            "receiver {}: an sqs receiver needs an sqs session and a queue",
+            receiver.id
+        )));
+    };
+    if session.transport != Transport::Sqs {
+        return Err(BuildError::Session(format!(
+            "receiver {}: session {} is {}, which only publishes",
+            receiver.id, session.id, session.transport
+        )));
+    }
+    Ok(SqsReceiverSettings {
+        queue,
+        wait_time: s.wait_time.get(),
+        visibility_timeout: s.visibility_timeout.map(|d| d.get()),
+        max_messages: s.max_messages,
+        max_payload_bytes: route.policy.max_payload_bytes as usize,
+        max_receives: route.policy.max_replay_attempts.saturating_add(1),
+    })
+}
+
+/// An `sqs` or `sns` sender's settings (the validator made sure its queue
+/// or topic is set).
+pub(super) fn aws_sender(
+    sender: &ferry_shared::config::Sender,
+    send_timeout: Duration,
+) -> AwsSenderSettings {
+    let s = &sender.options.sender;
+    let target = match s.topic_arn.as_ref().or(s.topic_name.as_ref()) {
+        Some(topic) => AwsTarget::Topic(topic.clone()),
+        None => AwsTarget::Queue {
+            queue: s
+                .queue_url
+                .as_ref()
+                .or(s.queue_name.as_ref())
+                .cloned()
+                .unwrap_or_default(),
+            delay: s.delay_seconds.map(|d| d.get()),
+        },
+    };
+    AwsSenderSettings {
+        target,
+        group_id: s.group_id(),
+        send_timeout,
+    }
 }
 
 fn sync(s: SqliteSynchronous) -> Synchronous {

@@ -27,6 +27,7 @@ use std::time::Duration;
 use ferry_shared::envelope::Envelope;
 use tokio::sync::watch;
 
+pub mod aws;
 pub mod mqtt;
 
 /// The future [`Sender::send`] returns.
@@ -178,14 +179,27 @@ pub enum Defect {
     /// rendering).
     #[error("invalid topic: {0}")]
     InvalidTopic(String),
+    /// The source handed the message out this many times (SQS
+    /// `ApproximateReceiveCount`), past the route's `max_replay_attempts` or
+    /// at the queue's own redrive limit: a poison message, dead-lettered by
+    /// Ferry before the queue moves it elsewhere.
+    #[error("received {receives} times (ApproximateReceiveCount), the limit is {limit}")]
+    TooManyReceives {
+        /// Receives so far, this one included.
+        receives: u32,
+        /// The most receives allowed.
+        limit: u32,
+    },
 }
 
 impl Defect {
     /// The reason a defective message is dead-lettered with: `oversized` for
-    /// [`Defect::Oversized`], `permanent_error` for the rest.
+    /// [`Defect::Oversized`], `replay_exhausted` for
+    /// [`Defect::TooManyReceives`], `permanent_error` for the rest.
     pub fn dlq_reason(&self) -> crate::stores::DlqReason {
         match self {
             Defect::Oversized { .. } => crate::stores::DlqReason::Oversized,
+            Defect::TooManyReceives { .. } => crate::stores::DlqReason::ReplayExhausted,
             Defect::InvalidTopic(_) => crate::stores::DlqReason::PermanentError,
         }
     }

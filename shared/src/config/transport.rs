@@ -21,8 +21,10 @@ use super::secret::Secret;
 pub enum Transport {
     /// An MQTT broker (v5 or v3.1.1).
     Mqtt,
-    /// Amazon SQS (or a compatible endpoint).
+    /// Amazon SQS (or a compatible endpoint): receive and send.
     Sqs,
+    /// Amazon SNS (or a compatible endpoint): send only.
+    Sns,
 }
 
 impl Transport {
@@ -31,6 +33,7 @@ impl Transport {
         match self {
             Transport::Mqtt => "mqtt",
             Transport::Sqs => "sqs",
+            Transport::Sns => "sns",
         }
     }
 }
@@ -47,7 +50,7 @@ impl std::fmt::Display for Transport {
 pub struct Session {
     /// Unique id; receivers, senders and route session blocks refer to it.
     pub id: String,
-    /// `mqtt` or `sqs`.
+    /// `mqtt`, `sqs` or `sns`.
     pub transport: Transport,
     /// Transport options (`options.session`).
     #[serde(default)]
@@ -108,19 +111,22 @@ pub struct SessionSettings {
     /// Default false.
     #[serde(default)]
     pub allow_plaintext_credentials: Option<bool>,
-    /// sqs: AWS region (default: the SDK's region chain, e.g. `AWS_REGION`).
+    /// sqs, sns: AWS region (default: the SDK's region chain, e.g. `AWS_REGION`).
     #[serde(default)]
     pub region: Option<String>,
-    /// sqs: endpoint override, e.g. `http://localhost:5000` for a local emulator.
+    /// sqs, sns: endpoint override, e.g. `http://localhost:5000` for a local emulator.
     #[serde(default)]
     pub endpoint_url: Option<String>,
     /// sqs: long-poll wait per receive call, whole seconds from 1s to 20s. Default 20s.
     #[serde(default)]
     pub wait_time: Option<Duration>,
     /// sqs: visibility timeout of received messages, extended by a heartbeat while a delivery is
-    /// held. Default 30s, at most 12h.
+    /// held. Default: the queue's own `VisibilityTimeout`. Whole seconds, at most 12h.
     #[serde(default)]
     pub visibility_timeout: Option<Duration>,
+    /// sqs: messages asked for per receive call, 1–10. Default 10.
+    #[serde(default)]
+    pub max_messages: Option<u8>,
 }
 
 /// The MQTT protocol version.
@@ -150,9 +156,9 @@ pub fn default_sqs_wait_time() -> Duration {
     Duration::from_secs(20)
 }
 
-/// Default SQS visibility timeout.
-pub fn default_sqs_visibility_timeout() -> Duration {
-    Duration::from_secs(30)
+/// Default SQS messages per receive call (SQS's maximum).
+pub fn default_sqs_max_messages() -> u8 {
+    10
 }
 
 /// A validated MQTT session's settings with defaults applied.
@@ -182,17 +188,19 @@ pub struct MqttSession {
     pub client_key_file: Option<String>,
 }
 
-/// A validated SQS session's settings with defaults applied.
+/// A validated SQS or SNS session's settings with defaults applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqsSession {
     /// Region, when set.
     pub region: Option<String>,
     /// Endpoint override, when set.
     pub endpoint_url: Option<String>,
-    /// Long-poll wait.
+    /// Long-poll wait (sqs receivers).
     pub wait_time: Duration,
-    /// Visibility timeout.
-    pub visibility_timeout: Duration,
+    /// Visibility timeout (sqs receivers); `None`: the queue's own.
+    pub visibility_timeout: Option<Duration>,
+    /// Messages per receive call (sqs receivers).
+    pub max_messages: u8,
 }
 
 impl Session {
@@ -219,19 +227,18 @@ impl Session {
         })
     }
 
-    /// The SQS view, if this is an SQS session.
+    /// The AWS view, if this is an SQS or SNS session.
     pub fn sqs(&self) -> Option<SqsSession> {
         let s = &self.options.session;
-        if self.transport != Transport::Sqs {
+        if !matches!(self.transport, Transport::Sqs | Transport::Sns) {
             return None;
         }
         Some(SqsSession {
             region: s.region.clone(),
             endpoint_url: s.endpoint_url.clone(),
             wait_time: s.wait_time.unwrap_or_else(default_sqs_wait_time),
-            visibility_timeout: s
-                .visibility_timeout
-                .unwrap_or_else(default_sqs_visibility_timeout),
+            visibility_timeout: s.visibility_timeout,
+            max_messages: s.max_messages.unwrap_or_else(default_sqs_max_messages),
         })
     }
 }
@@ -248,7 +255,8 @@ pub struct Receiver {
     /// subscription).
     #[serde(default)]
     pub topics: Option<Vec<TopicSubscription>>,
-    /// sqs, required: the queue to receive from, a queue name or a queue URL.
+    /// sqs, required: the queue to receive from, a queue name or a queue URL. (sns sessions
+    /// have no receivers.)
     #[serde(default)]
     pub queue: Option<String>,
     /// mqtt: keep an incoming `ferry-message-id` as the message id (and the other incoming
@@ -315,9 +323,52 @@ pub struct SenderSettings {
     /// sqs: the queue this sender is pinned to, by name (resolved to its URL at start).
     #[serde(default)]
     pub queue_name: Option<String>,
+    /// sns: the topic this sender is pinned to, by ARN (exactly one of `topic_arn`,
+    /// `topic_name`).
+    #[serde(default)]
+    pub topic_arn: Option<String>,
+    /// sns: the topic this sender is pinned to, by name (resolved to its ARN at start).
+    #[serde(default)]
+    pub topic_name: Option<String>,
+    /// sqs, sns: the message group id for FIFO queues and topics: a fixed id, or
+    /// `{header:NAME}` for the value of the message's header `NAME`. Required for a FIFO queue
+    /// or topic (name ending in `.fifo`), refused for a standard one.
+    #[serde(default)]
+    pub message_group_id: Option<String>,
+    /// sqs: delay before a sent message becomes visible, 0s–15m, whole seconds (standard
+    /// queues only). Default: the queue's own `DelaySeconds`.
+    #[serde(default)]
+    pub delay_seconds: Option<Duration>,
+}
+
+/// How a FIFO sender picks a message's group id (`message_group_id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupId {
+    /// Every message in one group.
+    Fixed(String),
+    /// `{header:NAME}`: the value of the message's first header `NAME`.
+    Header(String),
+}
+
+impl GroupId {
+    /// Reads `message_group_id` as written: `{header:NAME}` or a fixed id.
+    pub fn parse(s: &str) -> Self {
+        match s
+            .strip_prefix("{header:")
+            .and_then(|rest| rest.strip_suffix('}'))
+        {
+            Some(name) => GroupId::Header(name.to_owned()),
+            None => GroupId::Fixed(s.to_owned()),
+        }
+    }
 }
 
 impl SenderSettings {
+    /// The FIFO group id rule, when set.
+    pub fn group_id(&self) -> Option<GroupId> {
+        self.message_group_id.as_deref().map(GroupId::parse)
+    }
+
     /// MQTT QoS with its default.
     pub fn qos(&self) -> u8 {
         self.qos.unwrap_or_else(default_qos)
@@ -338,6 +389,6 @@ pub struct Binding {
     /// The sender that delivers to it.
     pub sender_id: String,
     /// mqtt: the topic to publish to (no wildcards). sqs: the sender's queue, as its bare name
-    /// or its full URL.
+    /// or its full URL. sns: the sender's topic, as its bare name or its ARN.
     pub address: String,
 }

@@ -248,9 +248,75 @@ pub(super) fn queue_ref(s: &str) -> Result<&str, String> {
     }
 }
 
+/// An SNS topic name: 1–256 of `[A-Za-z0-9_-]`, optionally ending in `.fifo`.
+pub(super) fn sns_topic_name(name: &str) -> Result<(), String> {
+    let stem = name.strip_suffix(".fifo").unwrap_or(name);
+    if name.len() > 256
+        || stem.is_empty()
+        || !stem
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(format!(
+            "\"{name}\" is not an SNS topic name (1-256 letters, digits, '-' or '_', optionally ending in .fifo)"
+        ));
+    }
+    Ok(())
+}
+
+/// An SNS topic ARN (`arn:{partition}:sns:{region}:{account}:{name}`); returns the topic name.
+pub(super) fn topic_arn(arn: &str) -> Result<&str, String> {
+    let parts: Vec<&str> = arn.split(':').collect();
+    match parts.as_slice() {
+        ["arn", partition, "sns", region, account, name]
+            if !partition.is_empty() && !region.is_empty() && !account.is_empty() =>
+        {
+            sns_topic_name(name).map_err(|e| format!("topic ARN \"{arn}\": {e}"))?;
+            Ok(name)
+        }
+        _ => Err(format!(
+            "\"{arn}\" is not an SNS topic ARN (arn:PARTITION:sns:REGION:ACCOUNT:NAME)"
+        )),
+    }
+}
+
+/// A `message_group_id`: a fixed id (1–128 printable ASCII characters) or `{header:NAME}`.
+pub(super) fn group_id(g: &str) -> Result<(), String> {
+    match crate::config::transport::GroupId::parse(g) {
+        crate::config::transport::GroupId::Header(name) if name.is_empty() => {
+            Err("{header:NAME} needs a header name".to_owned())
+        }
+        crate::config::transport::GroupId::Header(_) => Ok(()),
+        crate::config::transport::GroupId::Fixed(id) => {
+            if id.is_empty() || id.len() > 128 || !id.chars().all(|c| c.is_ascii_graphic()) {
+                Err(format!(
+                    "\"{id}\" is not a message group id (1-128 letters, digits or punctuation)"
+                ))
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sns_topics_and_groups() {
+        assert_eq!(
+            topic_arn("arn:aws:sns:us-east-1:123456789012:orders.fifo"),
+            Ok("orders.fifo")
+        );
+        assert!(topic_arn("arn:aws:sqs:us-east-1:123456789012:orders").is_err());
+        assert!(topic_arn("orders").is_err());
+        assert!(sns_topic_name("a b").is_err());
+        assert!(group_id("sensors").is_ok());
+        assert!(group_id("{header:device}").is_ok());
+        assert!(group_id("{header:}").is_err());
+        assert!(group_id("a b").is_err());
+    }
 
     #[test]
     fn urls() {

@@ -854,7 +854,7 @@ fn session_keys_belong_to_its_transport() {
     assert_only(
         &errors(|c| c.sessions[0].options.session.region = Some("eu-west-1".into())),
         "sessions[0].options.session.region",
-        "region is an option of sqs sessions, and this session's transport is mqtt",
+        "region is an option of sqs or sns sessions, and this session's transport is mqtt",
     );
     let errs = errors(|c| {
         let mut s = sqs_session();
@@ -938,6 +938,129 @@ fn sender_transport_matches_its_session() {
         &errs,
         "senders[1].options.sender",
         "needs queue_url or queue_name",
+    );
+}
+
+fn sns_session() -> Session {
+    yaml("id: sns\ntransport: sns\noptions:\n  session:\n    region: us-east-1\n")
+}
+
+/// Adds an SNS session, a sender with `options`, a binding to `address`, and points route 0
+/// at it.
+fn sns_binding(c: &mut BridgeConfig, options: &str, address: &str) {
+    direct_hold(c);
+    c.sessions.push(sns_session());
+    c.senders.push(yaml(&format!(
+        "id: sns-out\nsession_id: sns\noptions:\n  sender:\n    {options}\n"
+    )));
+    c.bindings.push(yaml(&format!(
+        "id: to-sns\nsender_id: sns-out\naddress: {address}\n"
+    )));
+    c.routes[0].bindings = vec!["to-sns".into()];
+}
+
+#[test]
+fn sns_senders_are_pinned_to_a_topic() {
+    const ARN: &str = "arn:aws:sns:us-east-1:123456789012:alerts";
+    for (options, address) in [
+        ("topic_name: alerts", "alerts"),
+        ("topic_name: alerts", ARN),
+        (&format!("topic_arn: {ARN}") as &str, "alerts"),
+        (&format!("topic_arn: {ARN}"), ARN),
+    ] {
+        let mut c = base();
+        sns_binding(&mut c, options, address);
+        assert!(
+            validate(&c).is_ok(),
+            "{options} / {address}: {:?}",
+            validate(&c).err()
+        );
+    }
+    let errs = errors(|c| sns_binding(c, "topic_name: alerts", "other"));
+    assert_only(&errs, "bindings[3].address", "is not the topic of sender");
+    let errs = errors(|c| sns_binding(c, "queue_name: alerts", "alerts"));
+    assert_error(
+        &errs,
+        "senders[1].options.sender.queue_name",
+        "queue_name is an option of sqs senders, and session \"sns\" is sns",
+    );
+    assert_error(
+        &errs,
+        "senders[1].options.sender",
+        "needs topic_arn or topic_name",
+    );
+    let errs = errors(|c| {
+        sns_binding(c, "topic_name: alerts", "alerts");
+        c.sessions
+            .last_mut()
+            .expect("sns")
+            .options
+            .session
+            .wait_time = Some(Duration::from_secs(5));
+        c.receivers
+            .push(yaml("id: sns-in\nsession_id: sns\nqueue: q\n"));
+    });
+    assert_error(
+        &errs,
+        "sessions[1].options.session.wait_time",
+        "wait_time is an option of sqs sessions",
+    );
+    assert_error(&errs, "receivers[1].session_id", "only publishes");
+}
+
+#[test]
+fn fifo_destinations_need_a_group_id() {
+    let errs = errors(|c| sns_binding(c, "topic_name: alerts.fifo", "alerts.fifo"));
+    assert_only(
+        &errs,
+        "senders[1].options.sender.message_group_id",
+        "is FIFO: set message_group_id",
+    );
+    let mut c = base();
+    sns_binding(
+        &mut c,
+        "topic_name: alerts.fifo\n    message_group_id: \"{header:device}\"",
+        "alerts.fifo",
+    );
+    assert!(validate(&c).is_ok(), "{:?}", validate(&c).err());
+    let errs = errors(|c| {
+        sqs_binding(c, "queue_name: q\n    message_group_id: g", "q");
+    });
+    assert_only(
+        &errs,
+        "senders[1].options.sender.message_group_id",
+        "is not FIFO",
+    );
+    let errs = errors(|c| {
+        sqs_binding(
+            c,
+            "queue_name: q.fifo\n    message_group_id: g\n    delay_seconds: 5s",
+            "q.fifo",
+        );
+    });
+    assert_only(
+        &errs,
+        "senders[1].options.sender.delay_seconds",
+        "a FIFO queue takes no per-message delay",
+    );
+    let errs = errors(|c| {
+        sqs_binding(c, "queue_name: q\n    delay_seconds: 16m", "q");
+        c.sessions
+            .last_mut()
+            .expect("sqs")
+            .options
+            .session
+            .max_messages = Some(11);
+    });
+    assert_error(
+        &errs,
+        "senders[1].options.sender.delay_seconds",
+        "from 0s to 15m",
+    );
+    assert_error(
+        &errs,
+        "sessions[1].options.session.max_messages",
+        "from 1 to 10",
     );
 }
 

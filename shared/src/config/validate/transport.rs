@@ -13,31 +13,66 @@ const MAX_SQS_WAIT: Duration = Duration::from_secs(20);
 /// The longest SQS visibility timeout.
 const MAX_SQS_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
 
+/// The longest SQS delivery delay.
+const MAX_SQS_DELAY: Duration = Duration::from_secs(15 * 60);
+
+const MQTT: &[Transport] = &[Transport::Mqtt];
+const SQS: &[Transport] = &[Transport::Sqs];
+const AWS: &[Transport] = &[Transport::Sqs, Transport::Sns];
+const SNS: &[Transport] = &[Transport::Sns];
+
+/// `a`, `a or b`, `a, b or c`.
+fn either(transports: &[Transport]) -> String {
+    let names: Vec<&str> = transports.iter().map(|t| t.as_str()).collect();
+    match names.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
 impl SessionSettings {
-    /// `(key, set, transport it belongs to)` for every key.
-    fn keys(&self) -> [(&'static str, bool, Transport); 16] {
-        use Transport::{Mqtt, Sqs};
+    /// `(key, set, transports it belongs to)` for every key.
+    fn keys(&self) -> [(&'static str, bool, &'static [Transport]); 17] {
         [
-            ("broker_url", self.broker_url.is_some(), Mqtt),
-            ("client_id", self.client_id.is_some(), Mqtt),
-            ("keep_alive", self.keep_alive.is_some(), Mqtt),
-            ("username", self.username.is_some(), Mqtt),
-            ("password", self.password.is_some(), Mqtt),
-            ("protocol_version", self.protocol_version.is_some(), Mqtt),
-            ("clean_start", self.clean_start.is_some(), Mqtt),
-            ("session_expiry", self.session_expiry.is_some(), Mqtt),
-            ("ca_file", self.ca_file.is_some(), Mqtt),
-            ("client_cert_file", self.client_cert_file.is_some(), Mqtt),
-            ("client_key_file", self.client_key_file.is_some(), Mqtt),
+            ("broker_url", self.broker_url.is_some(), MQTT),
+            ("client_id", self.client_id.is_some(), MQTT),
+            ("keep_alive", self.keep_alive.is_some(), MQTT),
+            ("username", self.username.is_some(), MQTT),
+            ("password", self.password.is_some(), MQTT),
+            ("protocol_version", self.protocol_version.is_some(), MQTT),
+            ("clean_start", self.clean_start.is_some(), MQTT),
+            ("session_expiry", self.session_expiry.is_some(), MQTT),
+            ("ca_file", self.ca_file.is_some(), MQTT),
+            ("client_cert_file", self.client_cert_file.is_some(), MQTT),
+            ("client_key_file", self.client_key_file.is_some(), MQTT),
             (
                 "allow_plaintext_credentials",
                 self.allow_plaintext_credentials.is_some(),
-                Mqtt,
+                MQTT,
             ),
-            ("region", self.region.is_some(), Sqs),
-            ("endpoint_url", self.endpoint_url.is_some(), Sqs),
-            ("wait_time", self.wait_time.is_some(), Sqs),
-            ("visibility_timeout", self.visibility_timeout.is_some(), Sqs),
+            ("region", self.region.is_some(), AWS),
+            ("endpoint_url", self.endpoint_url.is_some(), AWS),
+            ("wait_time", self.wait_time.is_some(), SQS),
+            ("visibility_timeout", self.visibility_timeout.is_some(), SQS),
+            ("max_messages", self.max_messages.is_some(), SQS),
+        ]
+    }
+}
+
+impl Sender {
+    /// `(key, set, transports it belongs to)` for every key of `options.sender`.
+    fn keys(&self) -> [(&'static str, bool, &'static [Transport]); 8] {
+        let s = &self.options.sender;
+        [
+            ("qos", s.qos.is_some(), MQTT),
+            ("retain", s.retain.is_some(), MQTT),
+            ("queue_url", s.queue_url.is_some(), SQS),
+            ("queue_name", s.queue_name.is_some(), SQS),
+            ("topic_arn", s.topic_arn.is_some(), SNS),
+            ("topic_name", s.topic_name.is_some(), SNS),
+            ("message_group_id", s.message_group_id.is_some(), AWS),
+            ("delay_seconds", s.delay_seconds.is_some(), SQS),
         ]
     }
 }
@@ -47,12 +82,13 @@ impl Validator<'_> {
         for (i, session) in self.config.sessions.iter().enumerate() {
             let base = format!("sessions[{i}].options.session");
             let s = &session.options.session;
-            for (key, set, transport) in s.keys() {
-                if set && transport != session.transport {
+            for (key, set, transports) in s.keys() {
+                if set && !transports.contains(&session.transport) {
                     self.error(
                         format!("{base}.{key}"),
                         format!(
-                            "{key} is an option of {transport} sessions, and this session's transport is {}",
+                            "{key} is an option of {} sessions, and this session's transport is {}",
+                            either(transports),
                             session.transport
                         ),
                     );
@@ -60,7 +96,7 @@ impl Validator<'_> {
             }
             match session.transport {
                 Transport::Mqtt => self.mqtt_session(&base, s),
-                Transport::Sqs => self.sqs_session(&base, s),
+                Transport::Sqs | Transport::Sns => self.aws_session(&base, s),
             }
         }
     }
@@ -156,7 +192,7 @@ impl Validator<'_> {
         }
     }
 
-    fn sqs_session(&mut self, base: &str, s: &SessionSettings) {
+    fn aws_session(&mut self, base: &str, s: &SessionSettings) {
         if let Some(endpoint) = &s.endpoint_url
             && let Err(e) = syntax::http_url(endpoint)
         {
@@ -181,6 +217,14 @@ impl Validator<'_> {
             self.error(
                 format!("{base}.visibility_timeout"),
                 format!("must be whole seconds from 1s to 12h, got {vis}"),
+            );
+        }
+        if let Some(n) = s.max_messages
+            && !(1..=10).contains(&n)
+        {
+            self.error(
+                format!("{base}.max_messages"),
+                format!("must be from 1 to 10 (SQS's limit), got {n}"),
             );
         }
     }
@@ -240,6 +284,13 @@ impl Validator<'_> {
                         }
                     }
                 }
+                Transport::Sns => self.error(
+                    format!("{base}.session_id"),
+                    format!(
+                        "session \"{}\" is sns, which only publishes: receive from an sqs queue subscribed to the topic",
+                        r.session_id
+                    ),
+                ),
                 Transport::Sqs => {
                     if r.trust_message_id {
                         self.error(
@@ -291,23 +342,13 @@ impl Validator<'_> {
             };
             let opts = format!("{base}.options.sender");
             let s = &sender.options.sender;
-            let foreign: &[(&str, bool)] = match transport {
-                Transport::Mqtt => &[
-                    ("queue_url", s.queue_url.is_some()),
-                    ("queue_name", s.queue_name.is_some()),
-                ],
-                Transport::Sqs => &[("qos", s.qos.is_some()), ("retain", s.retain.is_some())],
-            };
-            let other = match transport {
-                Transport::Mqtt => Transport::Sqs,
-                Transport::Sqs => Transport::Mqtt,
-            };
-            for (key, set) in foreign {
-                if *set {
+            for (key, set, transports) in sender.keys() {
+                if set && !transports.contains(&transport) {
                     self.error(
                         format!("{opts}.{key}"),
                         format!(
-                            "{key} is an option of {other} senders, and session \"{}\" is {transport}",
+                            "{key} is an option of {} senders, and session \"{}\" is {transport}",
+                            either(transports),
                             sender.session_id
                         ),
                     );
@@ -319,27 +360,110 @@ impl Validator<'_> {
                         self.qos(format!("{opts}.qos"), qos);
                     }
                 }
-                Transport::Sqs => match (&s.queue_url, &s.queue_name) {
-                    (None, None) => self.error(
-                        opts,
-                        "an sqs sender needs queue_url or queue_name (the queue it is pinned to)",
-                    ),
-                    (Some(_), Some(_)) => self.error(
-                        format!("{opts}.queue_name"),
-                        "set queue_url or queue_name, not both",
-                    ),
-                    (Some(u), None) => {
-                        if let Err(e) = syntax::queue_url(u) {
-                            self.error(format!("{opts}.queue_url"), e);
+                Transport::Sqs => {
+                    let name = match (&s.queue_url, &s.queue_name) {
+                        (None, None) => {
+                            self.error(
+                                opts.clone(),
+                                "an sqs sender needs queue_url or queue_name (the queue it is pinned to)",
+                            );
+                            None
+                        }
+                        (Some(_), Some(_)) => {
+                            self.error(
+                                format!("{opts}.queue_name"),
+                                "set queue_url or queue_name, not both",
+                            );
+                            None
+                        }
+                        (Some(u), None) => match syntax::queue_url(u) {
+                            Ok(name) => Some(name),
+                            Err(e) => {
+                                self.error(format!("{opts}.queue_url"), e);
+                                None
+                            }
+                        },
+                        (None, Some(n)) => match syntax::queue_name(n) {
+                            Ok(()) => Some(n.as_str()),
+                            Err(e) => {
+                                self.error(format!("{opts}.queue_name"), e);
+                                None
+                            }
+                        },
+                    };
+                    if let Some(name) = name {
+                        self.group_id(&opts, s.message_group_id.as_deref(), "queue", name);
+                        if let Some(delay) = s.delay_seconds {
+                            if name.ends_with(".fifo") {
+                                self.error(
+                                    format!("{opts}.delay_seconds"),
+                                    "a FIFO queue takes no per-message delay (set DelaySeconds on the queue)",
+                                );
+                            } else if delay > MAX_SQS_DELAY || delay.get().subsec_nanos() != 0 {
+                                self.error(
+                                    format!("{opts}.delay_seconds"),
+                                    format!("must be whole seconds from 0s to 15m, got {delay}"),
+                                );
+                            }
                         }
                     }
-                    (None, Some(n)) => {
-                        if let Err(e) = syntax::queue_name(n) {
-                            self.error(format!("{opts}.queue_name"), e);
+                }
+                Transport::Sns => {
+                    let name = match (&s.topic_arn, &s.topic_name) {
+                        (None, None) => {
+                            self.error(
+                                opts.clone(),
+                                "an sns sender needs topic_arn or topic_name (the topic it is pinned to)",
+                            );
+                            None
                         }
+                        (Some(_), Some(_)) => {
+                            self.error(
+                                format!("{opts}.topic_name"),
+                                "set topic_arn or topic_name, not both",
+                            );
+                            None
+                        }
+                        (Some(a), None) => match syntax::topic_arn(a) {
+                            Ok(name) => Some(name),
+                            Err(e) => {
+                                self.error(format!("{opts}.topic_arn"), e);
+                                None
+                            }
+                        },
+                        (None, Some(n)) => match syntax::sns_topic_name(n) {
+                            Ok(()) => Some(n.as_str()),
+                            Err(e) => {
+                                self.error(format!("{opts}.topic_name"), e);
+                                None
+                            }
+                        },
+                    };
+                    if let Some(name) = name {
+                        self.group_id(&opts, s.message_group_id.as_deref(), "topic", name);
                     }
-                },
+                }
             }
+        }
+    }
+
+    /// `message_group_id` is required for a FIFO queue or topic and refused for a standard one.
+    fn group_id(&mut self, opts: &str, group: Option<&str>, what: &str, name: &str) {
+        match (name.ends_with(".fifo"), group) {
+            (true, None) => self.error(
+                format!("{opts}.message_group_id"),
+                format!("{what} \"{name}\" is FIFO: set message_group_id (a fixed id or {{header:NAME}})"),
+            ),
+            (false, Some(_)) => self.error(
+                format!("{opts}.message_group_id"),
+                format!("{what} \"{name}\" is not FIFO (its name does not end in .fifo): message_group_id applies to FIFO {what}s only"),
+            ),
+            (true, Some(g)) => {
+                if let Err(e) = syntax::group_id(g) {
+                    self.error(format!("{opts}.message_group_id"), e);
+                }
+            }
+            (false, None) => {}
         }
     }
 
@@ -365,6 +489,11 @@ impl Validator<'_> {
                 }
                 Transport::Sqs => {
                     if let Err(e) = sqs_address(sender, &b.address) {
+                        self.error(path, e);
+                    }
+                }
+                Transport::Sns => {
+                    if let Err(e) = sns_address(sender, &b.address) {
                         self.error(path, e);
                     }
                 }
@@ -402,6 +531,40 @@ fn sqs_address(sender: &Sender, address: &str) -> Result<(), String> {
         };
         Err(format!(
             "\"{address}\" is not the queue of sender \"{}\" ({pinned}); an sqs binding address is that queue's bare name \"{name}\" or its URL",
+            sender.id
+        ))
+    }
+}
+
+/// An SNS binding address is its sender's topic: the bare name or the ARN.
+fn sns_address(sender: &Sender, address: &str) -> Result<(), String> {
+    let s = &sender.options.sender;
+    // The sender's own topic settings are checked (and reported) on the sender.
+    let (arn, name) = match (&s.topic_arn, &s.topic_name) {
+        (Some(a), _) => match syntax::topic_arn(a) {
+            Ok(name) => (Some(a.as_str()), name),
+            Err(_) => return Ok(()),
+        },
+        (None, Some(n)) => (None, n.as_str()),
+        (None, None) => return Ok(()),
+    };
+    let matches = if address.starts_with("arn:") {
+        match arn {
+            Some(a) => address == a,
+            None => syntax::topic_arn(address).is_ok_and(|n| n == name),
+        }
+    } else {
+        address == name
+    };
+    if matches {
+        Ok(())
+    } else {
+        let pinned = match arn {
+            Some(a) => format!("topic_arn \"{a}\""),
+            None => format!("topic_name \"{name}\""),
+        };
+        Err(format!(
+            "\"{address}\" is not the topic of sender \"{}\" ({pinned}); an sns binding address is that topic's bare name \"{name}\" or its ARN",
             sender.id
         ))
     }
