@@ -21,6 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{BuildError, Deps, settings};
 use crate::transports::mqtt::{MqttSenderSettings, MqttSession, SettingsError};
+use crate::transports::nats::{NatsSenderSettings, NatsSession};
+use crate::transports::rabbitmq::{RabbitmqSenderSettings, RabbitmqSession};
 use crate::transports::{Receiver, Sender, Session};
 
 /// A started session of any transport.
@@ -61,6 +63,15 @@ pub(crate) fn check(
             Ok(())
         }
         Transport::Sqs => Err(unsupported(session)),
+        Transport::Rabbitmq => {
+            sends_only(session, feed)?;
+            RabbitmqSession::check(&settings::rabbitmq_session(session)?)
+                .map_err(|e| refused(session, e))
+        }
+        Transport::Nats => {
+            sends_only(session, feed)?;
+            NatsSession::check(&settings::nats_session(session)?).map_err(|e| refused(session, e))
+        }
     }
 }
 
@@ -75,6 +86,42 @@ pub(crate) fn start(
     match session.transport {
         Transport::Mqtt => start_mqtt(session, feed.first().copied(), token),
         Transport::Sqs => Err(unsupported(session)),
+        Transport::Rabbitmq => {
+            sends_only(session, feed)?;
+            let s = settings::rabbitmq_session(session)?;
+            Ok(Started {
+                session: Box::new(
+                    RabbitmqSession::start(s, token).map_err(|e| refused(session, e))?,
+                ),
+                receiver: None,
+            })
+        }
+        Transport::Nats => {
+            sends_only(session, feed)?;
+            let s = settings::nats_session(session)?;
+            Ok(Started {
+                session: Box::new(NatsSession::start(s, token).map_err(|e| refused(session, e))?),
+                receiver: None,
+            })
+        }
+    }
+}
+
+fn refused(session: &SessionConfig, e: impl std::fmt::Display) -> BuildError {
+    BuildError::Session(format!("session {}: {e}", session.id))
+}
+
+/// Ferry sends to RabbitMQ and NATS but does not receive from them.
+fn sends_only(
+    session: &SessionConfig,
+    feed: &[(&ReceiverConfig, &Route)],
+) -> Result<(), BuildError> {
+    match feed.first() {
+        Some((r, _)) => Err(BuildError::Unsupported(format!(
+            "session {}: receiver {} cannot receive from {}; Ferry only sends there",
+            session.id, r.id, session.transport
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -140,6 +187,35 @@ impl RunningSession for MqttSession {
 
     fn stopped(self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(MqttSession::stopped(*self))
+    }
+}
+
+impl RunningSession for RabbitmqSession {
+    fn sender(&self, sender: &SenderConfig, send_timeout: Duration) -> Arc<dyn Sender> {
+        Arc::new(RabbitmqSession::sender(
+            self,
+            RabbitmqSenderSettings {
+                mandatory: sender.options.sender.mandatory(),
+                send_timeout,
+            },
+        ))
+    }
+
+    fn stopped(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(RabbitmqSession::stopped(*self))
+    }
+}
+
+impl RunningSession for NatsSession {
+    fn sender(&self, _sender: &SenderConfig, send_timeout: Duration) -> Arc<dyn Sender> {
+        Arc::new(NatsSession::sender(
+            self,
+            NatsSenderSettings { send_timeout },
+        ))
+    }
+
+    fn stopped(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(NatsSession::stopped(*self))
     }
 }
 

@@ -22,6 +22,8 @@ use crate::stores::{DlqStore, LeaseStore, OutboxStore};
 use crate::transports::mqtt::{
     MQTT_MAX_PACKET_BYTES, MqttReceiverSettings, MqttSessionSettings, Protocol, Qos,
 };
+use crate::transports::nats::{NatsAuth, NatsSettings};
+use crate::transports::rabbitmq::RabbitmqSettings;
 
 /// The default largest MQTT packet; raised for routes that accept larger
 /// payloads.
@@ -36,6 +38,46 @@ pub(super) fn qos(n: u8) -> Qos {
         2 => Qos::ExactlyOnce,
         _ => Qos::AtLeastOnce,
     }
+}
+
+fn not_this_transport(session: &Session) -> BuildError {
+    BuildError::Unsupported(format!(
+        "session {}: its {} options are incomplete",
+        session.id, session.transport
+    ))
+}
+
+/// A RabbitMQ session's settings.
+pub(super) fn rabbitmq_session(session: &Session) -> Result<RabbitmqSettings, BuildError> {
+    let r = session
+        .rabbitmq()
+        .ok_or_else(|| not_this_transport(session))?;
+    let mut s = RabbitmqSettings::new(session.id.clone(), r.url);
+    s.username = r.username;
+    s.password = r.password;
+    s.ca_file = r.ca_file.map(PathBuf::from);
+    Ok(s)
+}
+
+/// A NATS session's settings.
+pub(super) fn nats_session(session: &Session) -> Result<NatsSettings, BuildError> {
+    let n = session.nats().ok_or_else(|| not_this_transport(session))?;
+    let auth = match (n.credentials_file, n.token, n.username, n.password) {
+        (Some(file), ..) => NatsAuth::CredentialsFile(PathBuf::from(file)),
+        (None, Some(token), ..) => NatsAuth::Token(token),
+        (None, None, Some(user), Some(password)) => NatsAuth::UserPassword(user, password),
+        _ => NatsAuth::None,
+    };
+    Ok(NatsSettings {
+        name: session.id.clone(),
+        url: n.url,
+        auth,
+        ca_file: n.ca_file.map(PathBuf::from),
+        client_cert: n
+            .client_cert_file
+            .zip(n.client_key_file)
+            .map(|(c, k)| (PathBuf::from(c), PathBuf::from(k))),
+    })
 }
 
 /// The session's settings; `route` is the route its receiver feeds, if any.

@@ -1,7 +1,9 @@
 //! Sessions, receivers, senders and bindings: required and foreign keys per transport, URLs,
-//! topics, queues, and the references between them.
+//! topics, queues, exchanges, subjects, address templates, and the references between them.
 
 use std::collections::HashSet;
+
+use crate::address::{AddressTemplate, amqp_address, nats_subject};
 
 use super::super::duration::Duration;
 use super::super::secret::MASK;
@@ -14,31 +16,58 @@ const MAX_SQS_WAIT: Duration = Duration::from_secs(20);
 const MAX_SQS_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
 
 impl SessionSettings {
-    /// `(key, set, transport it belongs to)` for every key.
-    fn keys(&self) -> [(&'static str, bool, Transport); 16] {
-        use Transport::{Mqtt, Sqs};
+    /// `(key, set, transports it belongs to)` for every key.
+    fn keys(&self) -> [(&'static str, bool, &'static [Transport]); 19] {
+        use Transport::{Mqtt, Nats, Rabbitmq, Sqs};
+        const MQTT: &[Transport] = &[Mqtt];
+        const SQS: &[Transport] = &[Sqs];
+        const NATS: &[Transport] = &[Nats];
+        const BROKERS: &[Transport] = &[Mqtt, Rabbitmq, Nats];
+        const MUTUAL_TLS: &[Transport] = &[Mqtt, Nats];
+        const URL: &[Transport] = &[Rabbitmq, Nats];
         [
-            ("broker_url", self.broker_url.is_some(), Mqtt),
-            ("client_id", self.client_id.is_some(), Mqtt),
-            ("keep_alive", self.keep_alive.is_some(), Mqtt),
-            ("username", self.username.is_some(), Mqtt),
-            ("password", self.password.is_some(), Mqtt),
-            ("protocol_version", self.protocol_version.is_some(), Mqtt),
-            ("clean_start", self.clean_start.is_some(), Mqtt),
-            ("session_expiry", self.session_expiry.is_some(), Mqtt),
-            ("ca_file", self.ca_file.is_some(), Mqtt),
-            ("client_cert_file", self.client_cert_file.is_some(), Mqtt),
-            ("client_key_file", self.client_key_file.is_some(), Mqtt),
+            ("broker_url", self.broker_url.is_some(), MQTT),
+            ("client_id", self.client_id.is_some(), MQTT),
+            ("keep_alive", self.keep_alive.is_some(), MQTT),
+            ("username", self.username.is_some(), BROKERS),
+            ("password", self.password.is_some(), BROKERS),
+            ("protocol_version", self.protocol_version.is_some(), MQTT),
+            ("clean_start", self.clean_start.is_some(), MQTT),
+            ("session_expiry", self.session_expiry.is_some(), MQTT),
+            ("ca_file", self.ca_file.is_some(), BROKERS),
+            (
+                "client_cert_file",
+                self.client_cert_file.is_some(),
+                MUTUAL_TLS,
+            ),
+            (
+                "client_key_file",
+                self.client_key_file.is_some(),
+                MUTUAL_TLS,
+            ),
             (
                 "allow_plaintext_credentials",
                 self.allow_plaintext_credentials.is_some(),
-                Mqtt,
+                BROKERS,
             ),
-            ("region", self.region.is_some(), Sqs),
-            ("endpoint_url", self.endpoint_url.is_some(), Sqs),
-            ("wait_time", self.wait_time.is_some(), Sqs),
-            ("visibility_timeout", self.visibility_timeout.is_some(), Sqs),
+            ("region", self.region.is_some(), SQS),
+            ("endpoint_url", self.endpoint_url.is_some(), SQS),
+            ("wait_time", self.wait_time.is_some(), SQS),
+            ("visibility_timeout", self.visibility_timeout.is_some(), SQS),
+            ("url", self.url.is_some(), URL),
+            ("credentials_file", self.credentials_file.is_some(), NATS),
+            ("token", self.token.is_some(), NATS),
         ]
+    }
+}
+
+/// `mqtt`, `mqtt or nats`, `mqtt, rabbitmq or nats`.
+fn names(transports: &[Transport]) -> String {
+    let names: Vec<&str> = transports.iter().map(|t| t.as_str()).collect();
+    match names.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 
@@ -47,12 +76,13 @@ impl Validator<'_> {
         for (i, session) in self.config.sessions.iter().enumerate() {
             let base = format!("sessions[{i}].options.session");
             let s = &session.options.session;
-            for (key, set, transport) in s.keys() {
-                if set && transport != session.transport {
+            for (key, set, transports) in s.keys() {
+                if set && !transports.contains(&session.transport) {
                     self.error(
                         format!("{base}.{key}"),
                         format!(
-                            "{key} is an option of {transport} sessions, and this session's transport is {}",
+                            "{key} is an option of {} sessions, and this session's transport is {}",
+                            names(transports),
                             session.transport
                         ),
                     );
@@ -61,6 +91,8 @@ impl Validator<'_> {
             match session.transport {
                 Transport::Mqtt => self.mqtt_session(&base, s),
                 Transport::Sqs => self.sqs_session(&base, s),
+                Transport::Rabbitmq => self.rabbitmq_session(&base, s),
+                Transport::Nats => self.nats_session(&base, s),
             }
         }
     }
@@ -104,12 +136,7 @@ impl Validator<'_> {
                 );
             }
         }
-        if s.password.as_ref().is_some_and(|p| p.expose() == MASK) {
-            self.error(
-                format!("{base}.password"),
-                "is the mask `***` that a masked document shows, not the password: apply the original document (or one read with --show-secrets)",
-            );
-        }
+        self.not_masked(base, "password", s.password.as_ref());
         if version == ProtocolVersion::V311 && s.password.is_some() && s.username.is_none() {
             self.error(
                 format!("{base}.password"),
@@ -117,32 +144,60 @@ impl Validator<'_> {
             );
         }
         if tls == Some(false) {
-            if (s.username.is_some() || s.password.is_some())
-                && s.allow_plaintext_credentials != Some(true)
-            {
-                let key = if s.password.is_some() {
-                    "password"
-                } else {
-                    "username"
-                };
-                self.error(
-                    format!("{base}.{key}"),
-                    "credentials would cross the network unencrypted: use an ssl://, mqtts:// or wss:// broker_url, or set allow_plaintext_credentials: true",
-                );
-            }
-            for (key, set) in [
-                ("ca_file", s.ca_file.is_some()),
-                ("client_cert_file", s.client_cert_file.is_some()),
-                ("client_key_file", s.client_key_file.is_some()),
-            ] {
-                if set {
-                    self.error(
-                        format!("{base}.{key}"),
-                        format!("{key} needs a TLS broker_url (ssl://, mqtts:// or wss://)"),
-                    );
-                }
+            self.plaintext(base, s, "an ssl://, mqtts:// or wss:// broker_url");
+            self.tls_files_need_tls(base, s, "a TLS broker_url (ssl://, mqtts:// or wss://)");
+        }
+        self.client_cert_pair(base, s);
+    }
+
+    /// A secret that is the mask a masked document shows, not the value.
+    fn not_masked(&mut self, base: &str, key: &str, secret: Option<&super::super::secret::Secret>) {
+        if secret.is_some_and(|p| p.expose() == MASK) {
+            self.error(
+                format!("{base}.{key}"),
+                format!("is the mask `***` that a masked document shows, not the {key}: apply the original document (or one read with --show-secrets)"),
+            );
+        }
+    }
+
+    /// Credentials on a plaintext URL, unless allowed; `tls_urls` says what to use instead.
+    /// (A token is a NATS credential; on another transport it is reported as foreign.)
+    fn plaintext(&mut self, base: &str, s: &SessionSettings, tls_urls: &str) {
+        if s.allow_plaintext_credentials == Some(true) {
+            return;
+        }
+        let token = s.token.is_some() && s.url.as_deref().is_some_and(|u| u.starts_with("nats"));
+        let key = [
+            ("password", s.password.is_some()),
+            ("token", token),
+            ("username", s.username.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(key, set)| set.then_some(key));
+        if let Some(key) = key {
+            self.error(
+                format!("{base}.{key}"),
+                format!(
+                    "credentials would cross the network unencrypted: use {tls_urls}, or set allow_plaintext_credentials: true"
+                ),
+            );
+        }
+    }
+
+    /// TLS files on a plaintext URL.
+    fn tls_files_need_tls(&mut self, base: &str, s: &SessionSettings, tls_url: &str) {
+        for (key, set) in [
+            ("ca_file", s.ca_file.is_some()),
+            ("client_cert_file", s.client_cert_file.is_some()),
+            ("client_key_file", s.client_key_file.is_some()),
+        ] {
+            if set {
+                self.error(format!("{base}.{key}"), format!("{key} needs {tls_url}"));
             }
         }
+    }
+
+    fn client_cert_pair(&mut self, base: &str, s: &SessionSettings) {
         match (&s.client_cert_file, &s.client_key_file) {
             (Some(_), None) => self.error(
                 format!("{base}.client_key_file"),
@@ -154,6 +209,83 @@ impl Validator<'_> {
             ),
             _ => {}
         }
+    }
+
+    fn rabbitmq_session(&mut self, base: &str, s: &SessionSettings) {
+        match &s.url {
+            None => self.error(
+                format!("{base}.url"),
+                "a rabbitmq session needs url (amqp:// or amqps://)",
+            ),
+            Some(u) => match syntax::url(u) {
+                Err(e) => self.error(format!("{base}.url"), e),
+                Ok(parsed) => match parsed.scheme.as_str() {
+                    "amqps" => {}
+                    "amqp" => {
+                        self.plaintext(base, s, "an amqps:// url");
+                        self.tls_files_need_tls(base, s, "an amqps:// url");
+                    }
+                    other => self.error(
+                        format!("{base}.url"),
+                        format!(
+                            "\"{u}\" has scheme \"{other}\"; a rabbitmq url is amqp:// or amqps://"
+                        ),
+                    ),
+                },
+            },
+        }
+        self.not_masked(base, "password", s.password.as_ref());
+        if s.password.is_some() && s.username.is_none() {
+            self.error(format!("{base}.password"), "password needs username");
+        }
+    }
+
+    fn nats_session(&mut self, base: &str, s: &SessionSettings) {
+        match &s.url {
+            None => self.error(
+                format!("{base}.url"),
+                "a nats session needs url (nats:// or tls://)",
+            ),
+            Some(u) => match syntax::url(u) {
+                Err(e) => self.error(format!("{base}.url"), e),
+                Ok(parsed) if !parsed.path.is_empty() && parsed.path != "/" => self.error(
+                    format!("{base}.url"),
+                    format!("\"{u}\" has a path; a nats url is scheme://host[:port]"),
+                ),
+                Ok(parsed) => match parsed.scheme.as_str() {
+                    "tls" => {}
+                    // A nats:// url upgrades to TLS only when the server asks for it, so
+                    // credentials on it may cross in the clear.
+                    "nats" => self.plaintext(base, s, "a tls:// url"),
+                    other => self.error(
+                        format!("{base}.url"),
+                        format!("\"{u}\" has scheme \"{other}\"; a nats url is nats:// or tls://"),
+                    ),
+                },
+            },
+        }
+        self.not_masked(base, "password", s.password.as_ref());
+        self.not_masked(base, "token", s.token.as_ref());
+        let methods = [
+            s.credentials_file.is_some(),
+            s.token.is_some(),
+            s.username.is_some() || s.password.is_some(),
+        ];
+        if methods.into_iter().filter(|set| *set).count() > 1 {
+            self.error(
+                base.to_owned(),
+                "set one of credentials_file, token, or username with password",
+            );
+        }
+        if s.username.is_some() != s.password.is_some() {
+            let key = if s.username.is_some() {
+                "password"
+            } else {
+                "username"
+            };
+            self.error(format!("{base}.{key}"), "username and password go together");
+        }
+        self.client_cert_pair(base, s);
     }
 
     fn sqs_session(&mut self, base: &str, s: &SessionSettings) {
@@ -205,6 +337,13 @@ impl Validator<'_> {
                 continue;
             };
             match transport {
+                Transport::Rabbitmq | Transport::Nats => self.error(
+                    format!("{base}.session_id"),
+                    format!(
+                        "session \"{}\" is {transport}, and Ferry only sends to {transport} (a receiver needs an mqtt or sqs session)",
+                        r.session_id
+                    ),
+                ),
                 Transport::Mqtt => {
                     if r.queue.is_some() {
                         self.error(
@@ -291,29 +430,25 @@ impl Validator<'_> {
             };
             let opts = format!("{base}.options.sender");
             let s = &sender.options.sender;
-            let foreign: &[(&str, bool)] = match transport {
-                Transport::Mqtt => &[
-                    ("queue_url", s.queue_url.is_some()),
-                    ("queue_name", s.queue_name.is_some()),
-                ],
-                Transport::Sqs => &[("qos", s.qos.is_some()), ("retain", s.retain.is_some())],
-            };
-            let other = match transport {
-                Transport::Mqtt => Transport::Sqs,
-                Transport::Sqs => Transport::Mqtt,
-            };
-            for (key, set) in foreign {
-                if *set {
+            for (key, set, owner) in [
+                ("qos", s.qos.is_some(), Transport::Mqtt),
+                ("retain", s.retain.is_some(), Transport::Mqtt),
+                ("queue_url", s.queue_url.is_some(), Transport::Sqs),
+                ("queue_name", s.queue_name.is_some(), Transport::Sqs),
+                ("mandatory", s.mandatory.is_some(), Transport::Rabbitmq),
+            ] {
+                if set && owner != transport {
                     self.error(
                         format!("{opts}.{key}"),
                         format!(
-                            "{key} is an option of {other} senders, and session \"{}\" is {transport}",
+                            "{key} is an option of {owner} senders, and session \"{}\" is {transport}",
                             sender.session_id
                         ),
                     );
                 }
             }
             match transport {
+                Transport::Rabbitmq | Transport::Nats => {}
                 Transport::Mqtt => {
                     if let Some(qos) = s.qos {
                         self.qos(format!("{opts}.qos"), qos);
@@ -357,17 +492,26 @@ impl Validator<'_> {
                 continue; // reported on the sender
             };
             let path = format!("{base}.address");
-            match session.transport {
-                Transport::Mqtt => {
-                    if let Err(e) = syntax::publish_topic(&b.address) {
-                        self.error(path, e);
-                    }
+            let template = match AddressTemplate::parse(&b.address) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.error(path, e.to_string());
+                    continue;
                 }
-                Transport::Sqs => {
-                    if let Err(e) = sqs_address(sender, &b.address) {
-                        self.error(path, e);
-                    }
-                }
+            };
+            // The literal parts of a template must already have the transport's shape.
+            let sample = template.sample();
+            let shape = match session.transport {
+                Transport::Mqtt => syntax::publish_topic(&sample),
+                Transport::Sqs if template.is_template() => Err(
+                    "an sqs binding address is its sender's queue and cannot name headers".into(),
+                ),
+                Transport::Sqs => sqs_address(sender, &b.address),
+                Transport::Rabbitmq => amqp_address(&sample).map(|_| ()),
+                Transport::Nats => nats_subject(&sample),
+            };
+            if let Err(e) = shape {
+                self.error(path, e);
             }
         }
     }
