@@ -1,0 +1,317 @@
+//! The agent relaying MQTT to RabbitMQ and to NATS JetStream through `shared_outbox`, against
+//! the local brokers: message ids and headers arrive as AMQP properties and NATS headers, an
+//! unroutable RabbitMQ message and a message whose templated address has no value are
+//! dead-lettered, JetStream drops a replayed `Nats-Msg-Id`, and cutting the connection to
+//! either broker mid-run loses nothing.
+//!
+//! Each test uses its own exclusive queue or its own stream with unique subjects (see
+//! `ferry_tests::rabbitmq`, `ferry_tests::nats`).
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use ferry_tests::agent::Agent;
+use ferry_tests::mqtt::{QoS, parse_seq};
+use ferry_tests::nats::TestStream;
+use ferry_tests::proxy::TcpProxy;
+use ferry_tests::rabbitmq::TestQueue;
+use ferry_tests::{Mosquitto, PublishOptions, ids, publish_seq, publish_seq_with, wait};
+
+use crate::agent_support::quiesced;
+
+const DELIVERY: Duration = Duration::from_secs(60);
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+/// A bridge from a private Mosquitto (`{run}/in`) to one RabbitMQ or NATS session.
+struct Relay {
+    run: String,
+    mqtt: String,
+    /// `rabbitmq` or `nats`.
+    transport: &'static str,
+    url: String,
+    /// `(binding id, address)`.
+    bindings: Vec<(String, String)>,
+    dir: std::path::PathBuf,
+}
+
+impl Relay {
+    fn input(&self) -> String {
+        format!("{}/in", self.run)
+    }
+
+    fn binding_ids(&self) -> Vec<String> {
+        self.bindings.iter().map(|(id, _)| id.clone()).collect()
+    }
+
+    fn yaml(&self) -> String {
+        let dir = self.dir.display();
+        let mut y = format!(
+            "bridge:\n  id: e2e\n\
+             sessions:\n\
+             \x20 - id: src\n    transport: mqtt\n    options:\n      session:\n        broker_url: {mqtt}\n        client_id: {run}-in\n        keep_alive: 5\n\
+             \x20 - id: dst\n    transport: {transport}\n    options:\n      session:\n        url: {url}\n\
+             stores:\n\
+             \x20 outbox:\n    type: sqlite\n    options:\n      path: {dir}/outbox.db\n\
+             \x20 lease:\n    type: sqlite\n    options:\n      path: {dir}/lease.db\n\
+             \x20 dlq:\n    type: sqlite\n    options:\n      path: {dir}/dlq.db\n\
+             receivers:\n  - id: in\n    session_id: src\n    topics:\n      - topic: {input}\n        qos: 1\n\
+             senders:\n  - id: out\n    session_id: dst\n\
+             bindings:\n",
+            mqtt = self.mqtt,
+            run = self.run,
+            transport = self.transport,
+            url = self.url,
+            input = self.input(),
+        );
+        for (id, address) in &self.bindings {
+            let _ = writeln!(
+                y,
+                "  - id: {id}\n    sender_id: out\n    address: \"{address}\""
+            );
+        }
+        let _ = write!(
+            y,
+            "routes:\n  - id: r\n    receiver_id: in\n    delivery_mode: shared_outbox\n    dispatch_mode: fan_out\n    bindings: [{}]\n\
+             \x20   session:\n      session_id: dst\n      sender_id: out\n      drain_interval: 200ms\n      drain_batch_size: 100\n      lease_ttl: 3s\n      step_down_grace: 2s\n",
+            self.binding_ids().join(", ")
+        );
+        y
+    }
+
+    async fn start_agent(&self) -> anyhow::Result<Agent> {
+        let mut agent = Agent::start(&self.dir, &self.yaml())?;
+        agent.wait_ready(Duration::from_secs(20)).await?;
+        Ok(agent)
+    }
+}
+
+fn seqs<'a>(payloads: impl Iterator<Item = &'a [u8]>) -> BTreeSet<u64> {
+    payloads.filter_map(parse_seq).collect()
+}
+
+/// MQTT → a RabbitMQ queue: every message arrives persistent, with the Ferry message id as
+/// `message_id` and as the `ferry-message-id` header, and with the incoming headers
+/// (`traceparent`, `site`). A second binding to a queue that does not exist (mandatory
+/// publish, returned unroutable) dead-letters every message without holding up the first.
+#[tokio::test]
+async fn mqtt_to_rabbitmq_keeps_ids_and_headers_and_dead_letters_unroutable() -> anyhow::Result<()>
+{
+    const N: u64 = 200;
+    let mosquitto = Mosquitto::start().await?;
+    let queue = TestQueue::declare("ferry-e2e").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: mosquitto.url(),
+        transport: "rabbitmq",
+        url: ferry_tests::rabbitmq::url(),
+        bindings: vec![
+            ("q".into(), format!("/{}", queue.name)),
+            (
+                "nowhere".into(),
+                format!("/{}", ids::unique("no-such-queue")),
+            ),
+        ],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    publish_seq_with(
+        &mosquitto.url(),
+        &relay.input(),
+        0..N,
+        QoS::AtLeastOnce,
+        PublishOptions {
+            user_properties: vec![
+                ("traceparent".into(), TRACEPARENT.into()),
+                ("site".into(), "eu".into()),
+            ],
+            ..PublishOptions::default()
+        },
+    )
+    .await?;
+    let got = queue
+        .wait_until(DELIVERY, "every message in the queue", |r| {
+            seqs(r.iter().map(|m| m.payload.as_slice())).len() == N as usize
+        })
+        .await?;
+    for m in &got {
+        let id = m.message_id.as_deref().unwrap_or_default();
+        assert!(!id.is_empty(), "{m:?}");
+        assert_eq!(
+            m.headers.get("ferry-message-id").map(String::as_str),
+            Some(id)
+        );
+        assert_eq!(m.headers.get("site").map(String::as_str), Some("eu"));
+        assert!(m.headers.contains_key("traceparent"), "{m:?}");
+        assert_eq!(m.delivery_mode, Some(2));
+    }
+    let ids: BTreeSet<_> = got.iter().filter_map(|m| m.message_id.clone()).collect();
+    assert_eq!(ids.len(), N as usize, "one id per message");
+    let counts = quiesced(&agent, &relay.binding_ids(), DELIVERY).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (N, 0));
+    assert_eq!((counts[1].sent, counts[1].dead_lettered), (0, N));
+    queue.delete().await;
+    Ok(())
+}
+
+/// MQTT → JetStream with a templated subject `{prefix}.sites.{header:site}`: messages land on
+/// their site's subject, those without a `site` header are dead-lettered; each stored message
+/// carries `Nats-Msg-Id` = its Ferry message id, so publishing one again is acknowledged as a
+/// duplicate and not stored.
+#[tokio::test]
+async fn mqtt_to_jetstream_routes_by_header_and_dedups_a_replay() -> anyhow::Result<()> {
+    let mosquitto = Mosquitto::start().await?;
+    let stream = TestStream::create("ferry_e2e").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: mosquitto.url(),
+        transport: "nats",
+        url: ferry_tests::nats::url(),
+        bindings: vec![(
+            "js".into(),
+            format!("{}.sites.{{header:site}}", stream.subject),
+        )],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    for (site, range) in [("eu", 0..10), ("us", 10..20)] {
+        publish_seq_with(
+            &mosquitto.url(),
+            &relay.input(),
+            range,
+            QoS::AtLeastOnce,
+            PublishOptions {
+                user_properties: vec![("site".into(), site.into())],
+                ..PublishOptions::default()
+            },
+        )
+        .await?;
+    }
+    publish_seq(&mosquitto.url(), &relay.input(), 20..25, QoS::AtLeastOnce).await?;
+    let counts = quiesced(&agent, &relay.binding_ids(), DELIVERY).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (20, 5));
+    let stored = stream.wait_for(20, DELIVERY).await?;
+    assert_eq!(stored.len(), 20);
+    for m in &stored {
+        let seq = parse_seq(&m.payload).unwrap_or(u64::MAX);
+        let site = if seq < 10 { "eu" } else { "us" };
+        assert_eq!(m.subject, format!("{}.sites.{site}", stream.subject));
+        assert!(
+            m.header("Nats-Msg-Id")
+                .is_some_and(|id| Some(id) == m.header("ferry-message-id")),
+            "{m:?}"
+        );
+    }
+    // A replay of the first message (what a resend after a lost ack is) is dropped.
+    let first = &stored[0];
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "Nats-Msg-Id",
+        first.header("Nats-Msg-Id").unwrap_or_default(),
+    );
+    let ack = stream
+        .context
+        .publish_with_headers(first.subject.clone(), headers, first.payload.clone().into())
+        .await?
+        .await?;
+    assert!(ack.duplicate, "{ack:?}");
+    assert_eq!(stream.messages().await?.len(), 20);
+    stream.delete().await?;
+    Ok(())
+}
+
+/// Sends `0..n` in two halves with the broker's connection cut between them (through a TCP
+/// proxy), waits until the session is down, restores it; returns the agent.
+async fn cut_mid_run(
+    relay: &Relay,
+    proxy: &TcpProxy,
+    n: u64,
+    delivered: impl AsyncFn() -> usize,
+) -> anyhow::Result<Agent> {
+    let agent = relay.start_agent().await?;
+    publish_seq(&relay.mqtt, &relay.input(), 0..n / 2, QoS::AtLeastOnce).await?;
+    let delivered = &delivered;
+    wait::until(
+        DELIVERY,
+        "some messages delivered before the cut",
+        move || async move { delivered().await > 0 },
+    )
+    .await?;
+    proxy.cut();
+    wait::until(DELIVERY, "the session disconnected", || {
+        std::future::ready(
+            agent
+                .metrics()
+                .is_ok_and(|m| m.session("ferry_session_connected", "dst") == 0.0),
+        )
+    })
+    .await?;
+    publish_seq(&relay.mqtt, &relay.input(), n / 2..n, QoS::AtLeastOnce).await?;
+    proxy.restore();
+    Ok(agent)
+}
+
+/// The connection to RabbitMQ is cut mid-run and restored: every message arrives (a resend
+/// of an unconfirmed one may arrive twice), none is dead-lettered.
+#[tokio::test]
+async fn rabbitmq_connection_cut_mid_run_loses_nothing() -> anyhow::Result<()> {
+    const N: u64 = 400;
+    let mosquitto = Mosquitto::start().await?;
+    let queue = TestQueue::declare("ferry-e2e-cut").await?;
+    let proxy = TcpProxy::start("127.0.0.1:5672").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: mosquitto.url(),
+        transport: "rabbitmq",
+        url: format!("amqp://127.0.0.1:{}/%2f", proxy.port()),
+        bindings: vec![("q".into(), queue.name.clone())],
+        dir: dir.path().to_owned(),
+    };
+    let agent = cut_mid_run(&relay, &proxy, N, async || queue.received().len()).await?;
+    queue
+        .wait_until(DELIVERY, "every message after the cut", |r| {
+            seqs(r.iter().map(|m| m.payload.as_slice())) == (0..N).collect()
+        })
+        .await?;
+    let counts = quiesced(&agent, &relay.binding_ids(), DELIVERY).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (N, 0));
+    queue.delete().await;
+    Ok(())
+}
+
+/// The connection to NATS is cut mid-run and restored: every message is in the stream exactly
+/// once (a resend of an unacknowledged one is dropped by its `Nats-Msg-Id`).
+#[tokio::test]
+async fn jetstream_connection_cut_mid_run_stores_each_message_once() -> anyhow::Result<()> {
+    const N: u64 = 400;
+    let mosquitto = Mosquitto::start().await?;
+    let stream = TestStream::create("ferry_e2e_cut").await?;
+    let proxy = TcpProxy::start("127.0.0.1:4222").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: mosquitto.url(),
+        transport: "nats",
+        url: format!("nats://127.0.0.1:{}", proxy.port()),
+        bindings: vec![("js".into(), format!("{}.events", stream.subject))],
+        dir: dir.path().to_owned(),
+    };
+    let agent = cut_mid_run(&relay, &proxy, N, async || {
+        stream.messages().await.map_or(0, |m| m.len())
+    })
+    .await?;
+    let counts = quiesced(&agent, &relay.binding_ids(), DELIVERY).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (N, 0));
+    let stored = stream.wait_for(N as usize, DELIVERY).await?;
+    assert_eq!(stored.len(), N as usize, "each message stored once");
+    assert_eq!(
+        seqs(stored.iter().map(|m| m.payload.as_slice())),
+        (0..N).collect()
+    );
+    stream.delete().await?;
+    Ok(())
+}
