@@ -20,6 +20,7 @@ use ferry_tests::rabbitmq::TestQueue;
 use ferry_tests::{Mosquitto, PublishOptions, ids, publish_seq, publish_seq_with, wait};
 
 use crate::agent_support::quiesced;
+use ferry_tests::agent::BindingCounts;
 
 const DELIVERY: Duration = Duration::from_secs(60);
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -87,6 +88,31 @@ impl Relay {
     }
 }
 
+/// Waits until every binding has finished `expected` messages (sent or dead-lettered) with
+/// nothing in flight and its counters conserved; returns the counts. (Quiescence alone can
+/// hold before the last messages were even received.)
+async fn finished(
+    agent: &Agent,
+    relay: &Relay,
+    expected: u64,
+) -> anyhow::Result<Vec<BindingCounts>> {
+    let bindings = relay.binding_ids();
+    wait::until(
+        DELIVERY,
+        format!("{expected} messages finished per binding"),
+        || {
+            std::future::ready(agent.metrics().is_ok_and(|m| {
+                bindings.iter().all(|b| {
+                    let c = m.binding("r", b);
+                    c.sent + c.dead_lettered >= expected
+                })
+            }))
+        },
+    )
+    .await?;
+    quiesced(agent, &bindings, DELIVERY).await
+}
+
 fn seqs<'a>(payloads: impl Iterator<Item = &'a [u8]>) -> BTreeSet<u64> {
     payloads.filter_map(parse_seq).collect()
 }
@@ -149,7 +175,7 @@ async fn mqtt_to_rabbitmq_keeps_ids_and_headers_and_dead_letters_unroutable() ->
     }
     let ids: BTreeSet<_> = got.iter().filter_map(|m| m.message_id.clone()).collect();
     assert_eq!(ids.len(), N as usize, "one id per message");
-    let counts = quiesced(&agent, &relay.binding_ids(), DELIVERY).await?;
+    let counts = finished(&agent, &relay, N).await?;
     assert_eq!((counts[0].sent, counts[0].dead_lettered), (N, 0));
     assert_eq!((counts[1].sent, counts[1].dead_lettered), (0, N));
     queue.delete().await;
@@ -191,7 +217,7 @@ async fn mqtt_to_jetstream_routes_by_header_and_dedups_a_replay() -> anyhow::Res
         .await?;
     }
     publish_seq(&mosquitto.url(), &relay.input(), 20..25, QoS::AtLeastOnce).await?;
-    let counts = quiesced(&agent, &relay.binding_ids(), DELIVERY).await?;
+    let counts = finished(&agent, &relay, 25).await?;
     assert_eq!((counts[0].sent, counts[0].dead_lettered), (20, 5));
     let stored = stream.wait_for(20, DELIVERY).await?;
     assert_eq!(stored.len(), 20);
@@ -223,8 +249,8 @@ async fn mqtt_to_jetstream_routes_by_header_and_dedups_a_replay() -> anyhow::Res
     Ok(())
 }
 
-/// Sends `0..n` in two halves with the broker's connection cut between them (through a TCP
-/// proxy), waits until the session is down, restores it; returns the agent.
+/// Publishes `0..n` while the broker's connection is cut (through a TCP proxy) as soon as the
+/// first messages arrive; restores it once the session is down and everything is published.
 async fn cut_mid_run(
     relay: &Relay,
     proxy: &TcpProxy,
@@ -232,15 +258,18 @@ async fn cut_mid_run(
     delivered: impl AsyncFn() -> usize,
 ) -> anyhow::Result<Agent> {
     let agent = relay.start_agent().await?;
-    publish_seq(&relay.mqtt, &relay.input(), 0..n / 2, QoS::AtLeastOnce).await?;
+    let (url, topic) = (relay.mqtt.clone(), relay.input());
+    let publisher =
+        tokio::spawn(async move { publish_seq(&url, &topic, 0..n, QoS::AtLeastOnce).await });
     let delivered = &delivered;
     wait::until(
         DELIVERY,
-        "some messages delivered before the cut",
+        "the first messages delivered",
         move || async move { delivered().await > 0 },
     )
     .await?;
     proxy.cut();
+    let cut_at = delivered().await;
     wait::until(DELIVERY, "the session disconnected", || {
         std::future::ready(
             agent
@@ -249,8 +278,9 @@ async fn cut_mid_run(
         )
     })
     .await?;
-    publish_seq(&relay.mqtt, &relay.input(), n / 2..n, QoS::AtLeastOnce).await?;
+    publisher.await??;
     proxy.restore();
+    eprintln!("cut after {cut_at} of {n} messages had arrived");
     Ok(agent)
 }
 
@@ -258,7 +288,7 @@ async fn cut_mid_run(
 /// of an unconfirmed one may arrive twice), none is dead-lettered.
 #[tokio::test]
 async fn rabbitmq_connection_cut_mid_run_loses_nothing() -> anyhow::Result<()> {
-    const N: u64 = 400;
+    const N: u64 = 2000;
     let mosquitto = Mosquitto::start().await?;
     let queue = TestQueue::declare("ferry-e2e-cut").await?;
     let proxy = TcpProxy::start("127.0.0.1:5672").await?;
@@ -277,7 +307,7 @@ async fn rabbitmq_connection_cut_mid_run_loses_nothing() -> anyhow::Result<()> {
             seqs(r.iter().map(|m| m.payload.as_slice())) == (0..N).collect()
         })
         .await?;
-    let counts = quiesced(&agent, &relay.binding_ids(), DELIVERY).await?;
+    let counts = finished(&agent, &relay, N).await?;
     assert_eq!((counts[0].sent, counts[0].dead_lettered), (N, 0));
     queue.delete().await;
     Ok(())
@@ -287,7 +317,7 @@ async fn rabbitmq_connection_cut_mid_run_loses_nothing() -> anyhow::Result<()> {
 /// once (a resend of an unacknowledged one is dropped by its `Nats-Msg-Id`).
 #[tokio::test]
 async fn jetstream_connection_cut_mid_run_stores_each_message_once() -> anyhow::Result<()> {
-    const N: u64 = 400;
+    const N: u64 = 2000;
     let mosquitto = Mosquitto::start().await?;
     let stream = TestStream::create("ferry_e2e_cut").await?;
     let proxy = TcpProxy::start("127.0.0.1:4222").await?;
@@ -304,7 +334,7 @@ async fn jetstream_connection_cut_mid_run_stores_each_message_once() -> anyhow::
         stream.messages().await.map_or(0, |m| m.len())
     })
     .await?;
-    let counts = quiesced(&agent, &relay.binding_ids(), DELIVERY).await?;
+    let counts = finished(&agent, &relay, N).await?;
     assert_eq!((counts[0].sent, counts[0].dead_lettered), (N, 0));
     let stored = stream.wait_for(N as usize, DELIVERY).await?;
     assert_eq!(stored.len(), N as usize, "each message stored once");

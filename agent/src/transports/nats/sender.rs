@@ -8,7 +8,9 @@
 //! - Outcomes: the ack is acceptance; no stream captures the subject (no responders) is a
 //!   permanent error that says so; a message over the server's `max_payload` is oversized;
 //!   no ack within `send_timeout` is a timeout; anything else (connection lost, a stream
-//!   refusing for now) is transient. While disconnected a send fails at once.
+//!   refusing for now) is transient. While disconnected a send fails at once, and a send
+//!   waiting for its ack fails (transient) as soon as the connection is lost: the message may
+//!   or may not be stored, and a resend is dropped by its `Nats-Msg-Id`.
 //!
 //! Caveat: a JetStream that is still starting after a server restart can answer "no
 //! responders" for a while too; such messages are dead-lettered and can be redriven.
@@ -86,7 +88,21 @@ impl NatsSender {
                 .await?;
             ack.await
         };
-        match timeout(limit, publish).await {
+        // The client does not fail a request whose connection died; the ack would only time
+        // out. A lost connection fails the send at once instead, like every other sender.
+        let mut connected = self.connected.clone();
+        let lost = async move {
+            connected.wait_for(|up| !*up).await.ok();
+        };
+        let acked = tokio::select! {
+            acked = timeout(limit, publish) => acked,
+            () = lost => {
+                return Err(SendError::Transient(
+                    "the connection to nats was lost before the publish was acknowledged".into(),
+                ));
+            }
+        };
+        match acked {
             Err(_) => Err(SendError::Timeout(limit)),
             Ok(Ok(_ack)) => Ok(()),
             Ok(Err(e)) => Err(match e.kind() {
