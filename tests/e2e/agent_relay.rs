@@ -17,7 +17,9 @@ use ferry_tests::mqtt::{QoS, parse_seq};
 use ferry_tests::nats::TestStream;
 use ferry_tests::proxy::TcpProxy;
 use ferry_tests::rabbitmq::TestQueue;
-use ferry_tests::{Mosquitto, PublishOptions, ids, publish_seq, publish_seq_with, wait};
+use ferry_tests::{
+    Mosquitto, PublishOptions, TestDatabase, ids, publish_seq, publish_seq_with, wait,
+};
 
 use crate::agent_support::quiesced;
 use ferry_tests::agent::BindingCounts;
@@ -25,10 +27,13 @@ use ferry_tests::agent::BindingCounts;
 const DELIVERY: Duration = Duration::from_secs(60);
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
-/// A bridge from a private Mosquitto (`{run}/in`) to one RabbitMQ or NATS session.
+/// A bridge from a private Mosquitto (`{run}/in`), or from an outbox table, to one RabbitMQ or
+/// NATS session.
 struct Relay {
     run: String,
     mqtt: String,
+    /// `(postgres URL, table)`: the source is this outbox table instead of `mqtt`.
+    table: Option<(String, String)>,
     /// `rabbitmq` or `nats`.
     transport: &'static str,
     url: String,
@@ -48,23 +53,38 @@ impl Relay {
 
     fn yaml(&self) -> String {
         let dir = self.dir.display();
+        let (source, receiver) = match &self.table {
+            None => (
+                format!(
+                    "  - id: src\n    transport: mqtt\n    options:\n      session:\n        broker_url: {}\n        client_id: {}-in\n        keep_alive: 5\n",
+                    self.mqtt, self.run
+                ),
+                format!(
+                    "    topics:\n      - topic: {}\n        qos: 1\n",
+                    self.input()
+                ),
+            ),
+            Some((url, table)) => (
+                format!(
+                    "  - id: src\n    transport: postgres_table\n    options:\n      session:\n        url: {url}\n"
+                ),
+                format!("    table: {table}\n    poll_interval: 100ms\n"),
+            ),
+        };
         let mut y = format!(
             "bridge:\n  id: e2e\n\
              sessions:\n\
-             \x20 - id: src\n    transport: mqtt\n    options:\n      session:\n        broker_url: {mqtt}\n        client_id: {run}-in\n        keep_alive: 5\n\
+             {source}\
              \x20 - id: dst\n    transport: {transport}\n    options:\n      session:\n        url: {url}\n\
              stores:\n\
              \x20 outbox:\n    type: sqlite\n    options:\n      path: {dir}/outbox.db\n\
              \x20 lease:\n    type: sqlite\n    options:\n      path: {dir}/lease.db\n\
              \x20 dlq:\n    type: sqlite\n    options:\n      path: {dir}/dlq.db\n\
-             receivers:\n  - id: in\n    session_id: src\n    topics:\n      - topic: {input}\n        qos: 1\n\
+             receivers:\n  - id: in\n    session_id: src\n{receiver}\
              senders:\n  - id: out\n    session_id: dst\n\
              bindings:\n",
-            mqtt = self.mqtt,
-            run = self.run,
             transport = self.transport,
             url = self.url,
-            input = self.input(),
         );
         for (id, address) in &self.bindings {
             let _ = writeln!(
@@ -131,6 +151,7 @@ async fn mqtt_to_rabbitmq_keeps_ids_and_headers_and_dead_letters_unroutable() ->
     let relay = Relay {
         run: ids::unique("e2e"),
         mqtt: mosquitto.url(),
+        table: None,
         transport: "rabbitmq",
         url: ferry_tests::rabbitmq::url(),
         bindings: vec![
@@ -194,6 +215,7 @@ async fn mqtt_to_jetstream_routes_by_header_and_dedups_a_replay() -> anyhow::Res
     let relay = Relay {
         run: ids::unique("e2e"),
         mqtt: mosquitto.url(),
+        table: None,
         transport: "nats",
         url: ferry_tests::nats::url(),
         bindings: vec![(
@@ -296,6 +318,7 @@ async fn rabbitmq_connection_cut_mid_run_loses_nothing() -> anyhow::Result<()> {
     let relay = Relay {
         run: ids::unique("e2e"),
         mqtt: mosquitto.url(),
+        table: None,
         transport: "rabbitmq",
         url: format!("amqp://127.0.0.1:{}/%2f", proxy.port()),
         bindings: vec![("q".into(), queue.name.clone())],
@@ -325,6 +348,7 @@ async fn jetstream_connection_cut_mid_run_stores_each_message_once() -> anyhow::
     let relay = Relay {
         run: ids::unique("e2e"),
         mqtt: mosquitto.url(),
+        table: None,
         transport: "nats",
         url: format!("nats://127.0.0.1:{}", proxy.port()),
         bindings: vec![("js".into(), format!("{}.events", stream.subject))],
@@ -342,6 +366,85 @@ async fn jetstream_connection_cut_mid_run_stores_each_message_once() -> anyhow::
         seqs(stored.iter().map(|m| m.payload.as_slice())),
         (0..N).collect()
     );
+    stream.delete().await?;
+    Ok(())
+}
+
+/// An application writes business rows, each with its outbox row in the same transaction
+/// (seed 004's table); the agent relays the table to JetStream on per-aggregate subjects
+/// (`{prefix}.{header:aggregate_id}`) through `shared_outbox`: every row arrives once, with
+/// `Nats-Msg-Id` = `outbox:ID`, and every row ends up with `sent_at` set.
+#[tokio::test]
+async fn postgres_outbox_table_to_jetstream_marks_every_row_sent() -> anyhow::Result<()> {
+    const N: i64 = 300;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(
+        "CREATE TABLE orders (id bigint PRIMARY KEY);
+         CREATE TABLE outbox (
+             id bigserial PRIMARY KEY,
+             aggregate_type varchar(255) NOT NULL,
+             aggregate_id varchar(255) NOT NULL,
+             event varchar(255) NOT NULL,
+             payload json NOT NULL,
+             retry_at timestamptz,
+             retry_count int,
+             sent_at timestamptz)",
+    )
+    .await?;
+    let stream = TestStream::create("ferry_e2e_table").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some((
+            format!("postgres://127.0.0.1:5432/{}", db.name()),
+            "outbox".into(),
+        )),
+        transport: "nats",
+        url: ferry_tests::nats::url(),
+        bindings: vec![(
+            "js".into(),
+            format!("{}.{{header:aggregate_id}}", stream.subject),
+        )],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    for i in 0..N {
+        app.batch_execute(&format!(
+            "BEGIN;
+             INSERT INTO orders VALUES ({i});
+             INSERT INTO outbox (aggregate_type, aggregate_id, event, payload)
+                 VALUES ('orders', 'a{}', 'created', '{i}');
+             COMMIT",
+            i % 7
+        ))
+        .await?;
+    }
+    let n = u64::try_from(N)?;
+    let counts = finished(&agent, &relay, n).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (n, 0));
+    let stored = stream.wait_for(N as usize, DELIVERY).await?;
+    assert_eq!(stored.len(), N as usize, "each row stored once");
+    for m in &stored {
+        let seq = parse_seq(&m.payload).unwrap_or(u64::MAX);
+        assert_eq!(
+            m.subject,
+            format!("{}.a{}", stream.subject, seq % 7),
+            "{m:?}"
+        );
+        assert_eq!(m.header("event"), Some("created"));
+        assert_eq!(
+            m.header("Nats-Msg-Id"),
+            Some(format!("outbox:{}", seq + 1).as_str())
+        );
+    }
+    wait::until(DELIVERY, "every row marked sent", || async {
+        app.query_one("SELECT count(*) FROM outbox WHERE sent_at IS NULL", &[])
+            .await
+            .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+    })
+    .await?;
     stream.delete().await?;
     Ok(())
 }

@@ -22,8 +22,9 @@ use tokio_util::sync::CancellationToken;
 use super::{BuildError, Deps, settings};
 use crate::transports::mqtt::{MqttSenderSettings, MqttSession, SettingsError};
 use crate::transports::nats::{NatsSenderSettings, NatsSession};
+use crate::transports::postgres_table::TableSession;
 use crate::transports::rabbitmq::{RabbitmqSenderSettings, RabbitmqSession};
-use crate::transports::{Receiver, Sender, Session};
+use crate::transports::{Address, Receiver, SendError, SendFuture, Sender, Session};
 
 /// A started session of any transport.
 pub(crate) trait RunningSession: Session {
@@ -72,6 +73,7 @@ pub(crate) fn check(
             sends_only(session, feed)?;
             NatsSession::check(&settings::nats_session(session)?).map_err(|e| refused(session, e))
         }
+        Transport::PostgresTable => table_receiver(session, feed).map(|_| ()),
     }
 }
 
@@ -104,6 +106,27 @@ pub(crate) fn start(
                 receiver: None,
             })
         }
+        Transport::PostgresTable => {
+            let (session, receiver) = TableSession::start(table_receiver(session, feed)?, token);
+            Ok(Started {
+                session: Box::new(session),
+                receiver: Some(Box::new(receiver)),
+            })
+        }
+    }
+}
+
+/// An outbox-table session exists for its receiver.
+fn table_receiver(
+    session: &SessionConfig,
+    feed: &[(&ReceiverConfig, &Route)],
+) -> Result<crate::transports::postgres_table::TableSettings, BuildError> {
+    match feed.first() {
+        Some((r, _)) => settings::postgres_table(session, r),
+        None => Err(BuildError::Unsupported(format!(
+            "session {}: a postgres_table session needs the receiver of a route",
+            session.id
+        ))),
     }
 }
 
@@ -216,6 +239,39 @@ impl RunningSession for NatsSession {
 
     fn stopped(self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(NatsSession::stopped(*self))
+    }
+}
+
+impl RunningSession for TableSession {
+    /// The validator refuses senders on an outbox-table session; one that gets here anyway
+    /// refuses every message.
+    fn sender(&self, _sender: &SenderConfig, _send_timeout: Duration) -> Arc<dyn Sender> {
+        Arc::new(ReceiveOnly(self.connected()))
+    }
+
+    fn stopped(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(TableSession::stopped(*self))
+    }
+}
+
+/// The sender of a session Ferry only receives from.
+struct ReceiveOnly(tokio::sync::watch::Receiver<bool>);
+
+impl Sender for ReceiveOnly {
+    fn send<'a>(
+        &'a self,
+        _: &'a ferry_shared::envelope::Envelope,
+        _: &'a Address,
+    ) -> SendFuture<'a> {
+        Box::pin(async {
+            Err(SendError::Permanent(
+                "Ferry does not send to a postgres_table session".into(),
+            ))
+        })
+    }
+
+    fn connected(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.0.clone()
     }
 }
 

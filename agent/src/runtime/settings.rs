@@ -9,7 +9,7 @@ use ferry_shared::config::store::{
     ControlPlaneOptions, SqliteOptions as SqliteConfig, SqliteOutboxOptions, SqliteSynchronous,
 };
 use ferry_shared::config::{
-    DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, ProtocolVersion, Route, Session,
+    DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, ProtocolVersion, Receiver, Route, Session,
 };
 
 use super::BuildError;
@@ -23,6 +23,7 @@ use crate::transports::mqtt::{
     MQTT_MAX_PACKET_BYTES, MqttReceiverSettings, MqttSessionSettings, Protocol, Qos,
 };
 use crate::transports::nats::{NatsAuth, NatsSettings};
+use crate::transports::postgres_table::TableSettings;
 use crate::transports::rabbitmq::RabbitmqSettings;
 
 /// The default largest MQTT packet; raised for routes that accept larger
@@ -58,6 +59,44 @@ pub(super) fn rabbitmq_session(session: &Session) -> Result<RabbitmqSettings, Bu
     s.ca_file = r.ca_file.map(PathBuf::from);
     Ok(s)
 }
+
+/// An outbox-table session's settings with its receiver's table.
+pub(super) fn postgres_table(
+    session: &Session,
+    receiver: &Receiver,
+) -> Result<TableSettings, BuildError> {
+    let p = session
+        .postgres_table()
+        .ok_or_else(|| not_this_transport(session))?;
+    let table = receiver
+        .table
+        .clone()
+        .ok_or_else(|| BuildError::Unsupported(format!("receiver {}: no table", receiver.id)))?;
+    // `postgres://host[:port]/database`, checked by the validator.
+    let rest = p.url.split_once("://").map_or(p.url.as_str(), |(_, r)| r);
+    let (authority, database) = rest.split_once('/').unwrap_or((rest, ""));
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, port)) => (h, port.parse().unwrap_or(DEFAULT_POSTGRES_PORT)),
+        None => (authority, DEFAULT_POSTGRES_PORT),
+    };
+    Ok(TableSettings {
+        name: session.id.clone(),
+        host: host.to_owned(),
+        port,
+        database: database.to_owned(),
+        username: p.username,
+        password: p.password,
+        table,
+        poll_interval: receiver
+            .poll_interval
+            .map_or(DEFAULT_POLL_INTERVAL, |d| d.get()),
+        batch_size: receiver.batch_size.unwrap_or(DEFAULT_BATCH_SIZE),
+    })
+}
+
+const DEFAULT_POSTGRES_PORT: u16 = 5432;
+const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+const DEFAULT_BATCH_SIZE: u32 = 100;
 
 /// A NATS session's settings.
 pub(super) fn nats_session(session: &Session) -> Result<NatsSettings, BuildError> {

@@ -37,6 +37,7 @@ pub(crate) mod backoff;
 pub(crate) mod headers;
 pub mod mqtt;
 pub mod nats;
+pub mod postgres_table;
 pub mod rabbitmq;
 
 /// The future [`Sender::send`] returns.

@@ -27,6 +27,8 @@ pub enum Transport {
     Rabbitmq,
     /// A NATS server with JetStream, for senders.
     Nats,
+    /// An application's outbox table in PostgreSQL, for receivers.
+    PostgresTable,
 }
 
 impl Transport {
@@ -37,6 +39,7 @@ impl Transport {
             Transport::Sqs => "sqs",
             Transport::Rabbitmq => "rabbitmq",
             Transport::Nats => "nats",
+            Transport::PostgresTable => "postgres_table",
         }
     }
 }
@@ -53,7 +56,7 @@ impl std::fmt::Display for Transport {
 pub struct Session {
     /// Unique id; receivers, senders and route session blocks refer to it.
     pub id: String,
-    /// `mqtt`, `sqs`, `rabbitmq` or `nats`.
+    /// `mqtt`, `sqs`, `rabbitmq`, `nats` or `postgres_table`.
     pub transport: Transport,
     /// Transport options (`options.session`).
     #[serde(default)]
@@ -84,10 +87,11 @@ pub struct SessionSettings {
     /// mqtt: keep-alive in whole seconds, as the protocol carries it (1–65535). Default 30.
     #[serde(default)]
     pub keep_alive: Option<u16>,
-    /// mqtt, rabbitmq, nats: user name.
+    /// mqtt, rabbitmq, nats, postgres_table: user name.
     #[serde(default)]
     pub username: Option<String>,
-    /// mqtt, rabbitmq, nats: password (use `${VAR}` to keep it out of the file). A secret:
+    /// mqtt, rabbitmq, nats, postgres_table: password (use `${VAR}` to keep it out of the
+    /// file). A secret:
     /// printed and shown as `***`.
     #[serde(default)]
     pub password: Option<Secret>,
@@ -111,8 +115,8 @@ pub struct SessionSettings {
     /// mqtt, nats: PEM private key for mutual TLS (with `client_cert_file`).
     #[serde(default)]
     pub client_key_file: Option<String>,
-    /// mqtt, rabbitmq, nats: allow credentials over an unencrypted URL (`tcp`, `mqtt`, `ws`,
-    /// `amqp`, `nats`). Default false.
+    /// mqtt, rabbitmq, nats, postgres_table: allow credentials over an unencrypted URL (`tcp`,
+    /// `mqtt`, `ws`, `amqp`, `nats`, `postgres`). Default false.
     #[serde(default)]
     pub allow_plaintext_credentials: Option<bool>,
     /// sqs: AWS region (default: the SDK's region chain, e.g. `AWS_REGION`).
@@ -131,8 +135,8 @@ pub struct SessionSettings {
     /// rabbitmq, required: `amqp://host[:port][/vhost]` (plain, 5672) or
     /// `amqps://host[:port][/vhost]` (TLS, 5671); the vhost is URL-encoded (`/%2f` is `/`, the
     /// default). nats, required: `nats://host[:port]` (4222; TLS when the server requires it)
-    /// or `tls://host[:port]` (TLS always). Credentials go in their own options, never in
-    /// the URL.
+    /// or `tls://host[:port]` (TLS always). postgres_table, required: `postgres://host[:port]/db`
+    /// (plain). Credentials go in their own options, never in the URL.
     #[serde(default)]
     pub url: Option<String>,
     /// nats: a `.creds` file (user JWT and NKey seed) to authenticate with.
@@ -249,7 +253,31 @@ pub struct NatsSession {
     pub client_key_file: Option<String>,
 }
 
+/// A validated outbox-table session's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresTableSession {
+    /// `postgres://host[:port]/db`, without credentials.
+    pub url: String,
+    /// User name.
+    pub username: Option<String>,
+    /// Password.
+    pub password: Option<Secret>,
+}
+
 impl Session {
+    /// The outbox-table view, if this is a `postgres_table` session with its URL set.
+    pub fn postgres_table(&self) -> Option<PostgresTableSession> {
+        let s = &self.options.session;
+        if self.transport != Transport::PostgresTable {
+            return None;
+        }
+        Some(PostgresTableSession {
+            url: s.url.clone()?,
+            username: s.username.clone(),
+            password: s.password.clone(),
+        })
+    }
+
     /// The RabbitMQ view, if this is a RabbitMQ session with its URL set.
     pub fn rabbitmq(&self) -> Option<RabbitmqSession> {
         let s = &self.options.session;
@@ -344,6 +372,17 @@ pub struct Receiver {
     /// deduplicating by it would drop the second).
     #[serde(default)]
     pub trust_message_id: bool,
+    /// postgres_table, required: the outbox table (`name` or `schema.name`) with the seeds'
+    /// columns `id`, `aggregate_type`, `aggregate_id`, `event`, `payload`, `sent_at`.
+    #[serde(default)]
+    pub table: Option<String>,
+    /// postgres_table: how long to wait before looking for new rows after finding none.
+    /// Default 1s.
+    #[serde(default)]
+    pub poll_interval: Option<Duration>,
+    /// postgres_table: the most rows claimed at once. Default 100.
+    #[serde(default)]
+    pub batch_size: Option<u32>,
 }
 
 /// One MQTT subscription of a receiver.

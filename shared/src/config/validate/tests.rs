@@ -1223,3 +1223,66 @@ fn address_templates_are_checked_when_validated() {
     });
     assert_only(&errs, "bindings[3].address", "cannot name headers");
 }
+
+fn table_session() -> Session {
+    yaml(
+        "id: pg\ntransport: postgres_table\noptions:\n  session:\n    url: postgres://db:5432/app\n",
+    )
+}
+
+#[test]
+fn an_outbox_table_receiver_needs_a_table() {
+    let valid = |c: &mut BridgeConfig| {
+        c.sessions.push(table_session());
+        c.receivers.push(yaml(
+            "id: rows\nsession_id: pg\ntable: public.outbox_events\n",
+        ));
+    };
+    let mut c = base();
+    valid(&mut c);
+    // The route still reads from the MQTT receiver; the table receiver alone is valid.
+    assert!(
+        validate(&c)
+            .err()
+            .unwrap_or_default()
+            .iter()
+            .all(|e| !e.path.starts_with("receivers[1]") && !e.path.starts_with("sessions[1]")),
+    );
+    let errs = errors(|c| {
+        c.sessions.push(table_session());
+        c.receivers.push(yaml(
+            "id: rows\nsession_id: pg\ntable: \"outbox; drop table x\"\ntopics:\n  - topic: a\n",
+        ));
+    });
+    assert_error(&errs, "receivers[1].table", "is not a table name");
+    assert_error(
+        &errs,
+        "receivers[1].topics",
+        "not an option of postgres_table receivers",
+    );
+    let errs = errors(|c| c.receivers[0].table = Some("t".into()));
+    assert_only(
+        &errs,
+        "receivers[0].table",
+        "table is for postgres_table receivers",
+    );
+}
+
+#[test]
+fn an_outbox_table_session_is_received_from_only() {
+    let errs = errors(|c| {
+        c.sessions.push(table_session());
+        c.senders.push(yaml("id: pg-out\nsession_id: pg\n"));
+    });
+    assert_only(&errs, "senders[1].session_id", "only receives from");
+    let errs = errors(|c| {
+        let mut s = table_session();
+        s.options.session.url = Some("postgres://db:5432".into());
+        c.sessions.push(s);
+    });
+    assert_only(
+        &errs,
+        "sessions[1].options.session.url",
+        "names no database",
+    );
+}

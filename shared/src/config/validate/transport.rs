@@ -18,13 +18,14 @@ const MAX_SQS_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
 impl SessionSettings {
     /// `(key, set, transports it belongs to)` for every key.
     fn keys(&self) -> [(&'static str, bool, &'static [Transport]); 19] {
-        use Transport::{Mqtt, Nats, Rabbitmq, Sqs};
+        use Transport::{Mqtt, Nats, PostgresTable, Rabbitmq, Sqs};
         const MQTT: &[Transport] = &[Mqtt];
         const SQS: &[Transport] = &[Sqs];
         const NATS: &[Transport] = &[Nats];
-        const BROKERS: &[Transport] = &[Mqtt, Rabbitmq, Nats];
+        const BROKERS: &[Transport] = &[Mqtt, Rabbitmq, Nats, PostgresTable];
+        const BROKERS_TLS: &[Transport] = &[Mqtt, Rabbitmq, Nats];
         const MUTUAL_TLS: &[Transport] = &[Mqtt, Nats];
-        const URL: &[Transport] = &[Rabbitmq, Nats];
+        const URL: &[Transport] = &[Rabbitmq, Nats, PostgresTable];
         [
             ("broker_url", self.broker_url.is_some(), MQTT),
             ("client_id", self.client_id.is_some(), MQTT),
@@ -34,7 +35,7 @@ impl SessionSettings {
             ("protocol_version", self.protocol_version.is_some(), MQTT),
             ("clean_start", self.clean_start.is_some(), MQTT),
             ("session_expiry", self.session_expiry.is_some(), MQTT),
-            ("ca_file", self.ca_file.is_some(), BROKERS),
+            ("ca_file", self.ca_file.is_some(), BROKERS_TLS),
             (
                 "client_cert_file",
                 self.client_cert_file.is_some(),
@@ -93,6 +94,7 @@ impl Validator<'_> {
                 Transport::Sqs => self.sqs_session(&base, s),
                 Transport::Rabbitmq => self.rabbitmq_session(&base, s),
                 Transport::Nats => self.nats_session(&base, s),
+                Transport::PostgresTable => self.postgres_table_session(&base, s),
             }
         }
     }
@@ -288,6 +290,32 @@ impl Validator<'_> {
         self.client_cert_pair(base, s);
     }
 
+    fn postgres_table_session(&mut self, base: &str, s: &SessionSettings) {
+        match &s.url {
+            None => self.error(
+                format!("{base}.url"),
+                "a postgres_table session needs url (postgres://host[:port]/database)",
+            ),
+            Some(u) => match syntax::url(u) {
+                Err(e) => self.error(format!("{base}.url"), e),
+                Ok(parsed) if parsed.scheme != "postgres" && parsed.scheme != "postgresql" => self
+                    .error(
+                        format!("{base}.url"),
+                        format!(
+                            "\"{u}\" has scheme \"{}\"; a postgres_table url is postgres://",
+                            parsed.scheme
+                        ),
+                    ),
+                Ok(parsed) if parsed.path.trim_start_matches('/').is_empty() => self.error(
+                    format!("{base}.url"),
+                    format!("\"{u}\" names no database (postgres://host[:port]/database)"),
+                ),
+                Ok(_) => self.plaintext(base, s, "a TLS connection (not supported yet)"),
+            },
+        }
+        self.not_masked(base, "password", s.password.as_ref());
+    }
+
     fn sqs_session(&mut self, base: &str, s: &SessionSettings) {
         if let Some(endpoint) = &s.endpoint_url
             && let Err(e) = syntax::http_url(endpoint)
@@ -336,7 +364,22 @@ impl Validator<'_> {
             else {
                 continue;
             };
+            if transport != Transport::PostgresTable {
+                for (key, set) in [
+                    ("table", r.table.is_some()),
+                    ("poll_interval", r.poll_interval.is_some()),
+                    ("batch_size", r.batch_size.is_some()),
+                ] {
+                    if set {
+                        self.error(
+                            format!("{base}.{key}"),
+                            format!("{key} is for postgres_table receivers; session \"{}\" is {transport}", r.session_id),
+                        );
+                    }
+                }
+            }
             match transport {
+                Transport::PostgresTable => self.postgres_table_receiver(&base, r),
                 Transport::Rabbitmq | Transport::Nats => self.error(
                     format!("{base}.session_id"),
                     format!(
@@ -414,6 +457,38 @@ impl Validator<'_> {
         }
     }
 
+    fn postgres_table_receiver(&mut self, base: &str, r: &super::super::transport::Receiver) {
+        for (key, set) in [
+            ("topics", r.topics.is_some()),
+            ("queue", r.queue.is_some()),
+            ("trust_message_id", r.trust_message_id),
+        ] {
+            if set {
+                self.error(
+                    format!("{base}.{key}"),
+                    format!("{key} is not an option of postgres_table receivers (use table)"),
+                );
+            }
+        }
+        match &r.table {
+            None => self.error(
+                format!("{base}.table"),
+                "a postgres_table receiver needs table",
+            ),
+            Some(t) => {
+                if let Err(e) = syntax::table_name(t) {
+                    self.error(format!("{base}.table"), e);
+                }
+            }
+        }
+        if let Some(p) = r.poll_interval {
+            self.positive(format!("{base}.poll_interval"), p);
+        }
+        if r.batch_size == Some(0) {
+            self.error(format!("{base}.batch_size"), "must be at least 1");
+        }
+    }
+
     fn qos(&mut self, path: String, qos: u8) {
         if qos > 2 {
             self.error(path, format!("qos must be 0, 1 or 2, got {qos}"));
@@ -448,6 +523,13 @@ impl Validator<'_> {
                 }
             }
             match transport {
+                Transport::PostgresTable => self.error(
+                    format!("{base}.session_id"),
+                    format!(
+                        "session \"{}\" is postgres_table, which Ferry only receives from",
+                        sender.session_id
+                    ),
+                ),
                 Transport::Rabbitmq | Transport::Nats => {}
                 Transport::Mqtt => {
                     if let Some(qos) = s.qos {
@@ -509,6 +591,8 @@ impl Validator<'_> {
                 Transport::Sqs => sqs_address(sender, &b.address),
                 Transport::Rabbitmq => amqp_address(&sample).map(|_| ()),
                 Transport::Nats => nats_subject(&sample),
+                // Reported on the sender: Ferry does not send to a table.
+                Transport::PostgresTable => Ok(()),
             };
             if let Err(e) = shape {
                 self.error(path, e);
