@@ -34,6 +34,8 @@ struct Relay {
     mqtt: String,
     /// `(postgres URL, table)`: the source is this outbox table instead of `mqtt`.
     table: Option<(String, String)>,
+    /// A `direct_hold` route (one binding) instead of `shared_outbox`.
+    direct_hold: bool,
     /// `rabbitmq` or `nats`.
     transport: &'static str,
     url: String,
@@ -92,12 +94,19 @@ impl Relay {
                 "  - id: {id}\n    sender_id: out\n    address: \"{address}\""
             );
         }
-        let _ = write!(
-            y,
-            "routes:\n  - id: r\n    receiver_id: in\n    delivery_mode: shared_outbox\n    dispatch_mode: fan_out\n    bindings: [{}]\n\
-             \x20   session:\n      session_id: dst\n      sender_id: out\n      drain_interval: 200ms\n      drain_batch_size: 100\n      lease_ttl: 3s\n      step_down_grace: 2s\n",
-            self.binding_ids().join(", ")
-        );
+        let bindings = self.binding_ids().join(", ");
+        if self.direct_hold {
+            let _ = write!(
+                y,
+                "routes:\n  - id: r\n    receiver_id: in\n    delivery_mode: direct_hold\n    bindings: [{bindings}]\n"
+            );
+        } else {
+            let _ = write!(
+                y,
+                "routes:\n  - id: r\n    receiver_id: in\n    delivery_mode: shared_outbox\n    dispatch_mode: fan_out\n    bindings: [{bindings}]\n\
+                 \x20   session:\n      session_id: dst\n      sender_id: out\n      drain_interval: 200ms\n      drain_batch_size: 100\n      lease_ttl: 3s\n      step_down_grace: 2s\n",
+            );
+        }
         y
     }
 
@@ -144,7 +153,7 @@ fn seqs<'a>(payloads: impl Iterator<Item = &'a [u8]>) -> BTreeSet<u64> {
 #[tokio::test]
 async fn mqtt_to_rabbitmq_keeps_ids_and_headers_and_dead_letters_unroutable() -> anyhow::Result<()>
 {
-    const N: u64 = 200;
+    const N: u64 = 1000;
     let mosquitto = Mosquitto::start().await?;
     let queue = TestQueue::declare("ferry-e2e").await?;
     let dir = tempfile::tempdir()?;
@@ -152,6 +161,7 @@ async fn mqtt_to_rabbitmq_keeps_ids_and_headers_and_dead_letters_unroutable() ->
         run: ids::unique("e2e"),
         mqtt: mosquitto.url(),
         table: None,
+        direct_hold: false,
         transport: "rabbitmq",
         url: ferry_tests::rabbitmq::url(),
         bindings: vec![
@@ -216,6 +226,7 @@ async fn mqtt_to_jetstream_routes_by_header_and_dedups_a_replay() -> anyhow::Res
         run: ids::unique("e2e"),
         mqtt: mosquitto.url(),
         table: None,
+        direct_hold: false,
         transport: "nats",
         url: ferry_tests::nats::url(),
         bindings: vec![(
@@ -319,6 +330,7 @@ async fn rabbitmq_connection_cut_mid_run_loses_nothing() -> anyhow::Result<()> {
         run: ids::unique("e2e"),
         mqtt: mosquitto.url(),
         table: None,
+        direct_hold: false,
         transport: "rabbitmq",
         url: format!("amqp://127.0.0.1:{}/%2f", proxy.port()),
         bindings: vec![("q".into(), queue.name.clone())],
@@ -349,6 +361,7 @@ async fn jetstream_connection_cut_mid_run_stores_each_message_once() -> anyhow::
         run: ids::unique("e2e"),
         mqtt: mosquitto.url(),
         table: None,
+        direct_hold: false,
         transport: "nats",
         url: format!("nats://127.0.0.1:{}", proxy.port()),
         bindings: vec![("js".into(), format!("{}.events", stream.subject))],
@@ -379,19 +392,7 @@ async fn postgres_outbox_table_to_jetstream_marks_every_row_sent() -> anyhow::Re
     const N: i64 = 300;
     let db = TestDatabase::create().await?;
     let app = db.connect().await?;
-    app.batch_execute(
-        "CREATE TABLE orders (id bigint PRIMARY KEY);
-         CREATE TABLE outbox (
-             id bigserial PRIMARY KEY,
-             aggregate_type varchar(255) NOT NULL,
-             aggregate_id varchar(255) NOT NULL,
-             event varchar(255) NOT NULL,
-             payload json NOT NULL,
-             retry_at timestamptz,
-             retry_count int,
-             sent_at timestamptz)",
-    )
-    .await?;
+    app.batch_execute(OUTBOX_DDL).await?;
     let stream = TestStream::create("ferry_e2e_table").await?;
     let dir = tempfile::tempdir()?;
     let relay = Relay {
@@ -401,6 +402,7 @@ async fn postgres_outbox_table_to_jetstream_marks_every_row_sent() -> anyhow::Re
             format!("postgres://127.0.0.1:5432/{}", db.name()),
             "outbox".into(),
         )),
+        direct_hold: false,
         transport: "nats",
         url: ferry_tests::nats::url(),
         bindings: vec![(
@@ -445,6 +447,98 @@ async fn postgres_outbox_table_to_jetstream_marks_every_row_sent() -> anyhow::Re
             .is_ok_and(|row| row.get::<_, i64>(0) == 0)
     })
     .await?;
+    stream.delete().await?;
+    Ok(())
+}
+
+/// Seed 004's outbox table, beside a business table.
+const OUTBOX_DDL: &str = "CREATE TABLE orders (id bigint PRIMARY KEY);
+     CREATE TABLE outbox (
+         id bigserial PRIMARY KEY,
+         aggregate_type varchar(255) NOT NULL,
+         aggregate_id varchar(255) NOT NULL,
+         event varchar(255) NOT NULL,
+         payload json NOT NULL,
+         retry_at timestamptz,
+         retry_count int,
+         sent_at timestamptz)";
+
+/// Inserts outbox rows `from..to` (payload = the number) in one statement.
+async fn insert_rows(app: &tokio_postgres::Client, from: i64, to: i64) -> anyhow::Result<()> {
+    app.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event, payload)
+         SELECT 'orders', 'a' || (i % 7), 'created', to_json(i)
+         FROM generate_series($1::bigint, $2::bigint - 1) AS i",
+        &[&from, &to],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Waits until no row of the outbox is left unsent.
+async fn all_rows_sent(app: &tokio_postgres::Client) -> anyhow::Result<()> {
+    wait::until(DELIVERY, "every row marked sent", || async {
+        app.query_one("SELECT count(*) FROM outbox WHERE sent_at IS NULL", &[])
+            .await
+            .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+    })
+    .await
+}
+
+/// Two agents relay one outbox table (direct_hold to JetStream): in normal operation each row is
+/// sent by exactly one of them (their `sent` counters add up to the rows); then one is
+/// SIGKILLed mid-run: the other finishes the table (the dead agent's row locks went with its
+/// connection) and the stream holds every row exactly once (a row the dead agent sent but could
+/// not mark is sent again, and dropped by its `Nats-Msg-Id`).
+#[tokio::test]
+async fn two_agents_relay_one_table_and_one_survives_a_sigkill() -> anyhow::Result<()> {
+    const N: i64 = 1000;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(OUTBOX_DDL).await?;
+    let stream = TestStream::create("ferry_e2e_two").await?;
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let relay = |dir: &std::path::Path| Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some((
+            format!("postgres://127.0.0.1:5432/{}", db.name()),
+            "outbox".into(),
+        )),
+        direct_hold: true,
+        transport: "nats",
+        url: ferry_tests::nats::url(),
+        bindings: vec![(
+            "js".into(),
+            format!("{}.{{header:aggregate_id}}", stream.subject),
+        )],
+        dir: dir.to_owned(),
+    };
+    let (relay_a, relay_b) = (relay(dir_a.path()), relay(dir_b.path()));
+    let mut a = relay_a.start_agent().await?;
+    let b = relay_b.start_agent().await?;
+    insert_rows(&app, 0, N).await?;
+    all_rows_sent(&app).await?;
+    let sent = |agent: &Agent| agent.metrics().map(|m| m.binding("r", "js").sent);
+    let (sent_a, sent_b) = (sent(&a)?, sent(&b)?);
+    assert_eq!(
+        sent_a + sent_b,
+        u64::try_from(N)?,
+        "a: {sent_a}, b: {sent_b}"
+    );
+    insert_rows(&app, N, 3 * N).await?;
+    wait::until(DELIVERY, "agent a sending the second batch", || {
+        std::future::ready(sent(&a).is_ok_and(|s| s > sent_a))
+    })
+    .await?;
+    let killed_at = sent(&a)?;
+    a.kill()?;
+    all_rows_sent(&app).await?;
+    eprintln!("rows 0..{N}: a sent {sent_a}, b sent {sent_b}; a killed after {killed_at} sends");
+    let stored = stream.wait_for(3 * N as usize, DELIVERY).await?;
+    assert_eq!(stored.len(), 3 * N as usize, "each row stored once");
+    let rows: BTreeSet<u64> = seqs(stored.iter().map(|m| m.payload.as_slice()));
+    assert_eq!(rows, (0..3 * u64::try_from(N)?).collect());
     stream.delete().await?;
     Ok(())
 }

@@ -6,9 +6,11 @@
 //!   connected state; see `session`.
 //! - [`RabbitmqSender`] publishes to `EXCHANGE/ROUTING_KEY` (the binding address, see
 //!   [`ferry_shared::address::amqp_address`]) and resolves on the broker's confirm; see
-//!   `sender` for what each outcome means.
+//!   `sender` for what each outcome means; `confirms` matches confirms and returned messages
+//!   to their sends.
 //! - `properties` maps the envelope to AMQP basic properties.
 
+mod confirms;
 mod properties;
 mod sender;
 mod session;

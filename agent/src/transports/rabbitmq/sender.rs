@@ -5,9 +5,9 @@
 //! - A publish is written under the session's publishing lock, so sends leave in the order
 //!   they were started and each confirm matches its own delivery tag; the confirm is awaited
 //!   outside the lock, so many confirms are outstanding at once.
-//! - Outcomes: an ack is acceptance; an ack that carries a returned message (`mandatory` and
-//!   no queue bound for the routing key) is a permanent error, the broker dropped the
-//!   message; a nack is transient (the broker could not take it now); a lost connection or a
+//! - Outcomes (decided by the session's confirm collector, `confirms`): an ack is acceptance;
+//!   a returned message (`mandatory` and no queue bound for the routing key) is a permanent
+//!   error, the broker dropped the message; a nack is transient (the broker could not take it now); a lost connection or a
 //!   closed channel before the confirm is transient, and the message may or may not have
 //!   arrived; no channel (disconnected) fails at once, transient; every send is bounded by
 //!   `send_timeout`.
@@ -17,13 +17,13 @@ use std::time::SystemTime;
 
 use ferry_shared::address::amqp_address;
 use ferry_shared::envelope::Envelope;
-use lapin::Confirmation;
 use lapin::options::BasicPublishOptions;
 use lapin::types::ShortString;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, timeout_at};
 
 use super::RabbitmqSenderSettings;
+use super::confirms::Awaiting;
 use super::properties::properties_for;
 use super::session::Link;
 use crate::transports::{Address, SendError, SendFuture, Sender};
@@ -64,6 +64,11 @@ impl RabbitmqSender {
             mandatory: self.settings.mandatory,
             immediate: false,
         };
+        let key = (
+            envelope.id.clone(),
+            exchange.to_string(),
+            routing_key.to_string(),
+        );
         let confirm = {
             let Ok(_order) = timeout_at(deadline, self.link.publishing.lock()).await else {
                 return Err(SendError::Timeout(timeout));
@@ -85,30 +90,20 @@ impl RabbitmqSender {
                 Ok(Ok(confirm)) => confirm,
             }
         };
-        match timeout_at(deadline, confirm).await {
+        let (reply, decided) = oneshot::channel();
+        self.link
+            .confirms
+            .send(Awaiting {
+                key,
+                confirm,
+                reply,
+            })
+            .map_err(|_| SendError::Transient("the rabbitmq session stopped".into()))?;
+        match timeout_at(deadline, decided).await {
             Err(_) => Err(SendError::Timeout(timeout)),
-            Ok(Err(e)) => Err(SendError::Transient(format!(
-                "no confirm from rabbitmq: {e}"
-            ))),
-            Ok(Ok(confirmation)) => outcome(confirmation, address),
+            Ok(Err(_)) => Err(SendError::Transient("the rabbitmq session stopped".into())),
+            Ok(Ok(outcome)) => outcome,
         }
-    }
-}
-
-/// What a confirm means for the send.
-fn outcome(confirmation: Confirmation, address: &Address) -> Result<(), SendError> {
-    match confirmation {
-        Confirmation::Ack(None) => Ok(()),
-        Confirmation::Ack(Some(returned)) => Err(SendError::Permanent(format!(
-            "rabbitmq returned the message as unroutable ({} {}): no queue is bound for \"{address}\"",
-            returned.reply_code, returned.reply_text
-        ))),
-        Confirmation::Nack(_) => Err(SendError::Transient(
-            "rabbitmq refused the message (nack)".into(),
-        )),
-        Confirmation::NotRequested => Err(SendError::Transient(
-            "the channel is not in confirm mode".into(),
-        )),
     }
 }
 

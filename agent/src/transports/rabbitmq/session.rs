@@ -25,11 +25,12 @@ use lapin::options::ConfirmSelectOptions;
 use lapin::tcp::OwnedTLSConfig;
 use lapin::uri::{AMQPUri, AMQPUserInfo};
 use lapin::{Channel, Connection, ConnectionProperties, Event};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::confirms::{self, Awaiting};
 use super::sender::RabbitmqSender;
 use super::{RabbitmqError, RabbitmqSenderSettings, RabbitmqSettings};
 use crate::transports::Session;
@@ -43,16 +44,30 @@ const STATUS_CHECK: Duration = Duration::from_secs(1);
 /// How long a shutdown waits for the connection to close.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// The channel the senders publish on, while there is one.
-#[derive(Debug, Default)]
+/// The channel the senders publish on, while there is one, and the confirm collector.
+#[derive(Debug)]
 pub(crate) struct Link {
     channel: Mutex<Option<Channel>>,
+    /// Every publish's confirm goes to the session's collector (`confirms`), which decides it.
+    pub confirms: mpsc::UnboundedSender<Awaiting>,
     /// Held while a publish is written, so delivery tags and frames go out in one order (the
     /// order of `send` calls).
     pub publishing: tokio::sync::Mutex<()>,
 }
 
 impl Link {
+    /// A link without a channel, and its collector task (which ends when the last holder of
+    /// the link is gone).
+    fn new() -> Self {
+        let (confirms, incoming) = mpsc::unbounded_channel();
+        tokio::spawn(confirms::collect(incoming));
+        Self {
+            channel: Mutex::new(None),
+            confirms,
+            publishing: tokio::sync::Mutex::new(()),
+        }
+    }
+
     pub fn channel(&self) -> Option<Channel> {
         self.slot().clone()
     }
@@ -83,7 +98,7 @@ impl RabbitmqSession {
         shutdown: CancellationToken,
     ) -> Result<Self, RabbitmqError> {
         let target = Target::new(&settings)?;
-        let link = Arc::new(Link::default());
+        let link = Arc::new(Link::new());
         let (connected_tx, connected) = watch::channel(false);
         let reconnects = Arc::new(AtomicU64::new(0));
         let task = tokio::spawn(
