@@ -7,6 +7,8 @@
 //!   operators change: configurations, dead letters, leases.
 //! - [`api`]: the generated `ferry.v1` gRPC messages, clients and servers
 //!   (from `proto/ferry/v1`), plus the encoded descriptor set for reflection.
+//! - [`address`]: binding address templates (`orders.{header:aggregate_id}`) filled from the
+//!   envelope, and the RabbitMQ and NATS address shapes the validator and the senders share.
 //! - [`envelope`]: the message as Ferry carries it, with the storage
 //!   encoding the outbox, the DLQ and the API share.
 //! - [`dlq`]: dead-letter reasons, filters and counts with their `ferry.v1`
@@ -25,6 +27,7 @@
 //! The agent and the control plane never depend on each other; they meet here.
 #![forbid(unsafe_code)]
 
+pub mod address;
 pub mod api;
 pub mod audit;
 pub mod auth;

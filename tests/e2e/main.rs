@@ -16,6 +16,7 @@ mod agent_fleet;
 mod agent_fleet_changes;
 mod agent_ingress;
 mod agent_managed;
+mod agent_relay;
 mod agent_reload;
 mod agent_support;
 mod agent_tracing;

@@ -13,6 +13,9 @@
 //! - [`moto`]: one moto server (SQS + DynamoDB) shared by the tests of a process, and SDK clients
 //!   pointed at it.
 //! - [`postgres`]: a fresh PostgreSQL database per test, dropped afterwards.
+//! - [`rabbitmq`]: an exclusive RabbitMQ queue per test, consumed into memory.
+//! - [`nats`]: a JetStream stream per test with unique subjects.
+//! - [`proxy`]: a TCP proxy a test cuts and restores, to take a broker away from the agent.
 //! - [`mqtt`]: an MQTT test client: publish numbered messages, collect them and count
 //!   duplicates and gaps.
 //! - [`agent`]: a `ferry-agent run` process with its configuration, admin port and parsed
@@ -40,10 +43,13 @@ pub mod ids;
 pub mod mosquitto;
 pub mod moto;
 pub mod mqtt;
+pub mod nats;
 pub mod otlp;
 pub mod ports;
 pub mod postgres;
 pub mod process;
+pub mod proxy;
+pub mod rabbitmq;
 pub mod wait;
 
 pub use agent::Agent;

@@ -36,6 +36,7 @@ use crate::routes::redrive::Target;
 use crate::routes::shared_outbox::{OutboxDepth, OutboxWriter};
 use crate::routes::{RouteBinding, RouteIdentity};
 use crate::stores::OutboxStore;
+use crate::transports::address::Templated;
 use crate::transports::{Receiver, Sender};
 
 /// What starting a route needs from the bridge.
@@ -101,9 +102,12 @@ pub(crate) async fn start(
         let entry = ctx.sessions.get(&sender.session_id).ok_or_else(|| {
             BuildError::Unsupported(format!("sender {sender_id}: session not started"))
         })?;
-        Ok(entry
-            .session
-            .sender(sender, route.policy.send_timeout.get()))
+        // Every sender fills address templates the same way (`transports::address`).
+        Ok(Templated::wrap(
+            entry
+                .session
+                .sender(sender, route.policy.send_timeout.get()),
+        ))
     };
     let intake = CancellationToken::new();
     let drain = CancellationToken::new();

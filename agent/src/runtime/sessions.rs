@@ -22,7 +22,10 @@ use tokio_util::sync::CancellationToken;
 use super::{BuildError, Deps, settings};
 use crate::transports::aws::AwsSession;
 use crate::transports::mqtt::{MqttSenderSettings, MqttSession, SettingsError};
-use crate::transports::{Receiver, Sender, Session};
+use crate::transports::nats::{NatsSenderSettings, NatsSession};
+use crate::transports::postgres_table::TableSession;
+use crate::transports::rabbitmq::{RabbitmqSenderSettings, RabbitmqSession};
+use crate::transports::{Address, Receiver, SendError, SendFuture, Sender, Session};
 
 /// A started session of any transport.
 pub(crate) trait RunningSession: Session {
@@ -65,6 +68,16 @@ pub(crate) fn check(
             settings::aws_session(session)?;
             Ok(())
         }
+        Transport::Rabbitmq => {
+            sends_only(session, feed)?;
+            RabbitmqSession::check(&settings::rabbitmq_session(session)?)
+                .map_err(|e| refused(session, e))
+        }
+        Transport::Nats => {
+            sends_only(session, feed)?;
+            NatsSession::check(&settings::nats_session(session)?).map_err(|e| refused(session, e))
+        }
+        Transport::PostgresTable => table_receiver(session, feed).map(|_| ()),
     }
 }
 
@@ -79,6 +92,63 @@ pub(crate) fn start(
     match session.transport {
         Transport::Mqtt => start_mqtt(session, feed.first().copied(), token),
         Transport::Sqs | Transport::Sns => start_aws(session, feed.first().copied(), token),
+        Transport::Rabbitmq => {
+            sends_only(session, feed)?;
+            let s = settings::rabbitmq_session(session)?;
+            Ok(Started {
+                session: Box::new(
+                    RabbitmqSession::start(s, token).map_err(|e| refused(session, e))?,
+                ),
+                receiver: None,
+            })
+        }
+        Transport::Nats => {
+            sends_only(session, feed)?;
+            let s = settings::nats_session(session)?;
+            Ok(Started {
+                session: Box::new(NatsSession::start(s, token).map_err(|e| refused(session, e))?),
+                receiver: None,
+            })
+        }
+        Transport::PostgresTable => {
+            let (session, receiver) = TableSession::start(table_receiver(session, feed)?, token);
+            Ok(Started {
+                session: Box::new(session),
+                receiver: Some(Box::new(receiver)),
+            })
+        }
+    }
+}
+
+/// An outbox-table session exists for its receiver.
+fn table_receiver(
+    session: &SessionConfig,
+    feed: &[(&ReceiverConfig, &Route)],
+) -> Result<crate::transports::postgres_table::TableSettings, BuildError> {
+    match feed.first() {
+        Some((r, _)) => settings::postgres_table(session, r),
+        None => Err(BuildError::Unsupported(format!(
+            "session {}: a postgres_table session needs the receiver of a route",
+            session.id
+        ))),
+    }
+}
+
+fn refused(session: &SessionConfig, e: impl std::fmt::Display) -> BuildError {
+    BuildError::Session(format!("session {}: {e}", session.id))
+}
+
+/// Ferry sends to RabbitMQ and NATS but does not receive from them.
+fn sends_only(
+    session: &SessionConfig,
+    feed: &[(&ReceiverConfig, &Route)],
+) -> Result<(), BuildError> {
+    match feed.first() {
+        Some((r, _)) => Err(BuildError::Unsupported(format!(
+            "session {}: receiver {} cannot receive from {}; Ferry only sends there",
+            session.id, r.id, session.transport
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -170,6 +240,68 @@ impl RunningSession for AwsSession {
 
     fn stopped(self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(AwsSession::stopped(*self))
+    }
+}
+
+impl RunningSession for RabbitmqSession {
+    fn sender(&self, sender: &SenderConfig, send_timeout: Duration) -> Arc<dyn Sender> {
+        Arc::new(RabbitmqSession::sender(
+            self,
+            RabbitmqSenderSettings {
+                mandatory: sender.options.sender.mandatory(),
+                send_timeout,
+            },
+        ))
+    }
+
+    fn stopped(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(RabbitmqSession::stopped(*self))
+    }
+}
+
+impl RunningSession for NatsSession {
+    fn sender(&self, _sender: &SenderConfig, send_timeout: Duration) -> Arc<dyn Sender> {
+        Arc::new(NatsSession::sender(
+            self,
+            NatsSenderSettings { send_timeout },
+        ))
+    }
+
+    fn stopped(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(NatsSession::stopped(*self))
+    }
+}
+
+impl RunningSession for TableSession {
+    /// The validator refuses senders on an outbox-table session; one that gets here anyway
+    /// refuses every message.
+    fn sender(&self, _sender: &SenderConfig, _send_timeout: Duration) -> Arc<dyn Sender> {
+        Arc::new(ReceiveOnly(self.connected()))
+    }
+
+    fn stopped(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(TableSession::stopped(*self))
+    }
+}
+
+/// The sender of a session Ferry only receives from.
+struct ReceiveOnly(tokio::sync::watch::Receiver<bool>);
+
+impl Sender for ReceiveOnly {
+    fn send<'a>(
+        &'a self,
+        _: &'a ferry_shared::envelope::Envelope,
+        _: &'a Address,
+    ) -> SendFuture<'a> {
+        Box::pin(async {
+            Err(SendError::Permanent(
+                "Ferry does not send to a postgres_table session".into(),
+            ))
+        })
+    }
+
+    fn connected(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.0.clone()
     }
 }
 

@@ -9,7 +9,8 @@ use ferry_shared::config::store::{
     ControlPlaneOptions, SqliteOptions as SqliteConfig, SqliteOutboxOptions, SqliteSynchronous,
 };
 use ferry_shared::config::{
-    DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, ProtocolVersion, Route, Session, Transport,
+    DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, ProtocolVersion, Receiver, Route, Session,
+    Transport,
 };
 
 use super::BuildError;
@@ -25,6 +26,9 @@ use crate::transports::aws::{
 use crate::transports::mqtt::{
     MQTT_MAX_PACKET_BYTES, MqttReceiverSettings, MqttSessionSettings, Protocol, Qos,
 };
+use crate::transports::nats::{NatsAuth, NatsSettings};
+use crate::transports::postgres_table::TableSettings;
+use crate::transports::rabbitmq::RabbitmqSettings;
 
 /// The default largest MQTT packet; raised for routes that accept larger
 /// payloads.
@@ -39,6 +43,84 @@ pub(super) fn qos(n: u8) -> Qos {
         2 => Qos::ExactlyOnce,
         _ => Qos::AtLeastOnce,
     }
+}
+
+fn not_this_transport(session: &Session) -> BuildError {
+    BuildError::Unsupported(format!(
+        "session {}: its {} options are incomplete",
+        session.id, session.transport
+    ))
+}
+
+/// A RabbitMQ session's settings.
+pub(super) fn rabbitmq_session(session: &Session) -> Result<RabbitmqSettings, BuildError> {
+    let r = session
+        .rabbitmq()
+        .ok_or_else(|| not_this_transport(session))?;
+    let mut s = RabbitmqSettings::new(session.id.clone(), r.url);
+    s.username = r.username;
+    s.password = r.password;
+    s.ca_file = r.ca_file.map(PathBuf::from);
+    Ok(s)
+}
+
+/// An outbox-table session's settings with its receiver's table.
+pub(super) fn postgres_table(
+    session: &Session,
+    receiver: &Receiver,
+) -> Result<TableSettings, BuildError> {
+    let p = session
+        .postgres_table()
+        .ok_or_else(|| not_this_transport(session))?;
+    let table = receiver
+        .table
+        .clone()
+        .ok_or_else(|| BuildError::Unsupported(format!("receiver {}: no table", receiver.id)))?;
+    // `postgres://host[:port]/database`, checked by the validator.
+    let rest = p.url.split_once("://").map_or(p.url.as_str(), |(_, r)| r);
+    let (authority, database) = rest.split_once('/').unwrap_or((rest, ""));
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, port)) => (h, port.parse().unwrap_or(DEFAULT_POSTGRES_PORT)),
+        None => (authority, DEFAULT_POSTGRES_PORT),
+    };
+    Ok(TableSettings {
+        name: session.id.clone(),
+        host: host.to_owned(),
+        port,
+        database: database.to_owned(),
+        username: p.username,
+        password: p.password,
+        table,
+        poll_interval: receiver
+            .poll_interval
+            .map_or(DEFAULT_POLL_INTERVAL, |d| d.get()),
+        batch_size: receiver.batch_size.unwrap_or(DEFAULT_BATCH_SIZE),
+    })
+}
+
+const DEFAULT_POSTGRES_PORT: u16 = 5432;
+const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+const DEFAULT_BATCH_SIZE: u32 = 100;
+
+/// A NATS session's settings.
+pub(super) fn nats_session(session: &Session) -> Result<NatsSettings, BuildError> {
+    let n = session.nats().ok_or_else(|| not_this_transport(session))?;
+    let auth = match (n.credentials_file, n.token, n.username, n.password) {
+        (Some(file), ..) => NatsAuth::CredentialsFile(PathBuf::from(file)),
+        (None, Some(token), ..) => NatsAuth::Token(token),
+        (None, None, Some(user), Some(password)) => NatsAuth::UserPassword(user, password),
+        _ => NatsAuth::None,
+    };
+    Ok(NatsSettings {
+        name: session.id.clone(),
+        url: n.url,
+        auth,
+        ca_file: n.ca_file.map(PathBuf::from),
+        client_cert: n
+            .client_cert_file
+            .zip(n.client_key_file)
+            .map(|(c, k)| (PathBuf::from(c), PathBuf::from(k))),
+    })
 }
 
 /// The session's settings; `route` is the route its receiver feeds, if any.
@@ -107,7 +189,7 @@ pub(super) fn aws_session(session: &Session) -> Result<AwsSessionSettings, Build
     let service = match session.transport {
         Transport::Sqs => Service::Sqs,
         Transport::Sns => Service::Sns,
-        Transport::Mqtt => {
+        Transport::Mqtt | Transport::Rabbitmq | Transport::Nats | Transport::PostgresTable => {
             return Err(BuildError::Session(format!(
                 "session {}: not an AWS session",
                 session.id

@@ -15,6 +15,11 @@
 //!   the destination has accepted it, with a [`SendError`] that says whether a
 //!   retry can help.
 //!
+//! Binding addresses may be templates (`orders.{header:aggregate_id}`): the runtime wraps
+//! every sender in [`address::Templated`], which fills them per message, so a sender always
+//! receives a plain address. `headers` holds what every sender writes besides the payload
+//! (the outgoing header list, the remaining time to live); `backoff` the reconnect delays.
+//!
 //! The traits are dyn-compatible (futures are boxed) so a runtime can hold
 //! `Arc<dyn Sender>` per binding and `Box<dyn Receiver>` per route whatever the
 //! transport.
@@ -27,8 +32,14 @@ use std::time::Duration;
 use ferry_shared::envelope::Envelope;
 use tokio::sync::watch;
 
+pub mod address;
 pub mod aws;
+pub(crate) mod backoff;
+pub(crate) mod headers;
 pub mod mqtt;
+pub mod nats;
+pub mod postgres_table;
+pub mod rabbitmq;
 
 /// The future [`Sender::send`] returns.
 pub type SendFuture<'a> = Pin<Box<dyn Future<Output = Result<(), SendError>> + Send + 'a>>;

@@ -112,7 +112,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// the workspace enables both ring and aws-lc-rs (through other crates), so
 /// rustls cannot pick one by itself: without this the handshake task panics
 /// and the client sees its connection reset.
-fn install_default_provider() {
+pub fn install_default_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Err: another thread installed one meanwhile, which is as good.
         let _ = rustls::crypto::ring::default_provider().install_default();

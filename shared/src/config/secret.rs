@@ -3,7 +3,8 @@
 //! The secret fields of the document are listed once, in [`SECRET_FIELDS`]
 //! (and in `docs/configuration.md`, "Secrets"):
 //!
-//! - `sessions[].options.session.password` — an MQTT password, whole;
+//! - `sessions[].options.session.password` — an MQTT, RabbitMQ or NATS password, whole;
+//! - `sessions[].options.session.token` — a NATS token, whole;
 //! - `stores.{outbox,lease,dlq}.options.url` — the password inside a
 //!   `postgres://user:password@host/db` URL (the rest of the URL is not
 //!   secret and stays readable).
@@ -85,6 +86,10 @@ pub enum SecretKind {
 pub const SECRET_FIELDS: &[(&[&str], SecretKind)] = &[
     (
         &["sessions", "*", "options", "session", "password"],
+        SecretKind::Whole,
+    ),
+    (
+        &["sessions", "*", "options", "session", "token"],
         SecretKind::Whole,
     ),
     (&["stores", "*", "options", "url"], SecretKind::UrlPassword),

@@ -4,7 +4,7 @@
 //! (`options.session`), and receivers and senders take their transport from their session. So
 //! the options blocks hold the keys of every transport (all optional), and the validator rejects
 //! a key that does not belong to the session's transport and requires the ones that must be set.
-//! [`Session::mqtt`] / [`Session::sqs`] give the typed, defaulted view the runtime uses.
+//! [`Session::mqtt`] / [`Session::sqs`] / [`Session::rabbitmq`] / [`Session::nats`] give the typed, defaulted view the runtime uses.
 //!
 //! (A serde enum tagged by `transport` was the alternative; serde buffers such an enum before it
 //! knows the variant, and with serde-saphyr that loses both the error location and the scalar
@@ -25,6 +25,12 @@ pub enum Transport {
     Sqs,
     /// Amazon SNS (or a compatible endpoint): send only.
     Sns,
+    /// A RabbitMQ broker (AMQP 0-9-1), for senders.
+    Rabbitmq,
+    /// A NATS server with JetStream, for senders.
+    Nats,
+    /// An application's outbox table in PostgreSQL, for receivers.
+    PostgresTable,
 }
 
 impl Transport {
@@ -34,6 +40,9 @@ impl Transport {
             Transport::Mqtt => "mqtt",
             Transport::Sqs => "sqs",
             Transport::Sns => "sns",
+            Transport::Rabbitmq => "rabbitmq",
+            Transport::Nats => "nats",
+            Transport::PostgresTable => "postgres_table",
         }
     }
 }
@@ -50,7 +59,7 @@ impl std::fmt::Display for Transport {
 pub struct Session {
     /// Unique id; receivers, senders and route session blocks refer to it.
     pub id: String,
-    /// `mqtt`, `sqs` or `sns`.
+    /// `mqtt`, `sqs`, `sns`, `rabbitmq`, `nats` or `postgres_table`.
     pub transport: Transport,
     /// Transport options (`options.session`).
     #[serde(default)]
@@ -81,11 +90,12 @@ pub struct SessionSettings {
     /// mqtt: keep-alive in whole seconds, as the protocol carries it (1–65535). Default 30.
     #[serde(default)]
     pub keep_alive: Option<u16>,
-    /// mqtt: user name.
+    /// mqtt, rabbitmq, nats, postgres_table: user name.
     #[serde(default)]
     pub username: Option<String>,
-    /// mqtt: password (use `${VAR}` to keep it out of the file). A secret: printed and shown
-    /// as `***`.
+    /// mqtt, rabbitmq, nats, postgres_table: password (use `${VAR}` to keep it out of the
+    /// file). A secret:
+    /// printed and shown as `***`.
     #[serde(default)]
     pub password: Option<Secret>,
     /// mqtt: `v5` (default) or `v3.1.1`.
@@ -98,17 +108,18 @@ pub struct SessionSettings {
     /// mqtt v5: how long the broker keeps the session after a disconnect. Default 1h.
     #[serde(default)]
     pub session_expiry: Option<Duration>,
-    /// mqtt: PEM file of CA certificates to trust for TLS (default: the platform's roots).
+    /// mqtt, rabbitmq, nats: PEM file of CA certificates to trust for TLS (default: the
+    /// platform's roots).
     #[serde(default)]
     pub ca_file: Option<String>,
-    /// mqtt: PEM client certificate for mutual TLS (with `client_key_file`).
+    /// mqtt, nats: PEM client certificate for mutual TLS (with `client_key_file`).
     #[serde(default)]
     pub client_cert_file: Option<String>,
-    /// mqtt: PEM private key for mutual TLS (with `client_cert_file`).
+    /// mqtt, nats: PEM private key for mutual TLS (with `client_cert_file`).
     #[serde(default)]
     pub client_key_file: Option<String>,
-    /// mqtt: allow `username`/`password` over an unencrypted `tcp`, `mqtt` or `ws` URL.
-    /// Default false.
+    /// mqtt, rabbitmq, nats, postgres_table: allow credentials over an unencrypted URL (`tcp`,
+    /// `mqtt`, `ws`, `amqp`, `nats`, `postgres`). Default false.
     #[serde(default)]
     pub allow_plaintext_credentials: Option<bool>,
     /// sqs, sns: AWS region (default: the SDK's region chain, e.g. `AWS_REGION`).
@@ -127,6 +138,19 @@ pub struct SessionSettings {
     /// sqs: messages asked for per receive call, 1–10. Default 10.
     #[serde(default)]
     pub max_messages: Option<u8>,
+    /// rabbitmq, required: `amqp://host[:port][/vhost]` (plain, 5672) or
+    /// `amqps://host[:port][/vhost]` (TLS, 5671); the vhost is URL-encoded (`/%2f` is `/`, the
+    /// default). nats, required: `nats://host[:port]` (4222; TLS when the server requires it)
+    /// or `tls://host[:port]` (TLS always). postgres_table, required: `postgres://host[:port]/db`
+    /// (plain). Credentials go in their own options, never in the URL.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// nats: a `.creds` file (user JWT and NKey seed) to authenticate with.
+    #[serde(default)]
+    pub credentials_file: Option<String>,
+    /// nats: an authentication token. A secret: printed and shown as `***`.
+    #[serde(default)]
+    pub token: Option<Secret>,
 }
 
 /// The MQTT protocol version.
@@ -203,7 +227,97 @@ pub struct SqsSession {
     pub max_messages: u8,
 }
 
+/// A validated RabbitMQ session's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RabbitmqSession {
+    /// `amqp://` or `amqps://` URL, without credentials.
+    pub url: String,
+    /// User name (the broker's default `guest` when unset).
+    pub username: Option<String>,
+    /// Password.
+    pub password: Option<Secret>,
+    /// CA file for TLS.
+    pub ca_file: Option<String>,
+}
+
+/// A validated NATS session's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsSession {
+    /// `nats://` or `tls://` URL, without credentials.
+    pub url: String,
+    /// Credentials file.
+    pub credentials_file: Option<String>,
+    /// Token.
+    pub token: Option<Secret>,
+    /// User name (with `password`).
+    pub username: Option<String>,
+    /// Password.
+    pub password: Option<Secret>,
+    /// CA file for TLS.
+    pub ca_file: Option<String>,
+    /// Client certificate for mutual TLS.
+    pub client_cert_file: Option<String>,
+    /// Client key for mutual TLS.
+    pub client_key_file: Option<String>,
+}
+
+/// A validated outbox-table session's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresTableSession {
+    /// `postgres://host[:port]/db`, without credentials.
+    pub url: String,
+    /// User name.
+    pub username: Option<String>,
+    /// Password.
+    pub password: Option<Secret>,
+}
+
 impl Session {
+    /// The outbox-table view, if this is a `postgres_table` session with its URL set.
+    pub fn postgres_table(&self) -> Option<PostgresTableSession> {
+        let s = &self.options.session;
+        if self.transport != Transport::PostgresTable {
+            return None;
+        }
+        Some(PostgresTableSession {
+            url: s.url.clone()?,
+            username: s.username.clone(),
+            password: s.password.clone(),
+        })
+    }
+
+    /// The RabbitMQ view, if this is a RabbitMQ session with its URL set.
+    pub fn rabbitmq(&self) -> Option<RabbitmqSession> {
+        let s = &self.options.session;
+        if self.transport != Transport::Rabbitmq {
+            return None;
+        }
+        Some(RabbitmqSession {
+            url: s.url.clone()?,
+            username: s.username.clone(),
+            password: s.password.clone(),
+            ca_file: s.ca_file.clone(),
+        })
+    }
+
+    /// The NATS view, if this is a NATS session with its URL set.
+    pub fn nats(&self) -> Option<NatsSession> {
+        let s = &self.options.session;
+        if self.transport != Transport::Nats {
+            return None;
+        }
+        Some(NatsSession {
+            url: s.url.clone()?,
+            credentials_file: s.credentials_file.clone(),
+            token: s.token.clone(),
+            username: s.username.clone(),
+            password: s.password.clone(),
+            ca_file: s.ca_file.clone(),
+            client_cert_file: s.client_cert_file.clone(),
+            client_key_file: s.client_key_file.clone(),
+        })
+    }
+
     /// The MQTT view, if this is an MQTT session with its required keys set.
     pub fn mqtt(&self) -> Option<MqttSession> {
         let s = &self.options.session;
@@ -266,6 +380,17 @@ pub struct Receiver {
     /// deduplicating by it would drop the second).
     #[serde(default)]
     pub trust_message_id: bool,
+    /// postgres_table, required: the outbox table (`name` or `schema.name`) with the seeds'
+    /// columns `id`, `aggregate_type`, `aggregate_id`, `event`, `payload`, `sent_at`.
+    #[serde(default)]
+    pub table: Option<String>,
+    /// postgres_table: how long to wait before looking for new rows after finding none.
+    /// Default 1s.
+    #[serde(default)]
+    pub poll_interval: Option<Duration>,
+    /// postgres_table: the most rows claimed at once. Default 100.
+    #[serde(default)]
+    pub batch_size: Option<u32>,
 }
 
 /// One MQTT subscription of a receiver.
@@ -339,6 +464,11 @@ pub struct SenderSettings {
     /// queues only). Default: the queue's own `DelaySeconds`.
     #[serde(default)]
     pub delay_seconds: Option<Duration>,
+    /// rabbitmq: publish with the `mandatory` flag, so a message no queue is bound for comes
+    /// back and fails as a permanent error (dead-lettered) instead of being dropped by the
+    /// broker. Default true.
+    #[serde(default)]
+    pub mandatory: Option<bool>,
 }
 
 /// How a FIFO sender picks a message's group id (`message_group_id`).
@@ -378,6 +508,11 @@ impl SenderSettings {
     pub fn retain(&self) -> bool {
         self.retain.unwrap_or(false)
     }
+
+    /// RabbitMQ `mandatory` flag with its default.
+    pub fn mandatory(&self) -> bool {
+        self.mandatory.unwrap_or(true)
+    }
 }
 
 /// A destination: a sender plus an address (`bindings[]`).
@@ -389,6 +524,11 @@ pub struct Binding {
     /// The sender that delivers to it.
     pub sender_id: String,
     /// mqtt: the topic to publish to (no wildcards). sqs: the sender's queue, as its bare name
-    /// or its full URL. sns: the sender's topic, as its bare name or its ARN.
+    /// or its full URL. sns: the sender's topic, as its bare name or its ARN. rabbitmq:
+    /// `EXCHANGE/ROUTING_KEY` (an empty exchange, `/queue` or plain `queue`, is the default
+    /// exchange). nats: the JetStream subject.
+    ///
+    /// mqtt, rabbitmq and nats addresses may name headers, `orders.{header:aggregate_id}`,
+    /// filled per message (see [`crate::address`]).
     pub address: String,
 }

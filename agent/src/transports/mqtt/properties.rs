@@ -26,15 +26,8 @@ use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use super::protocol::Received;
 use crate::transports::{Defect, SendError};
 
-/// The W3C trace context headers.
-pub const TRACEPARENT_HEADER: &str = "traceparent";
-/// The W3C trace state header.
-pub const TRACESTATE_HEADER: &str = "tracestate";
-
-/// Keys the sender writes from envelope fields rather than from the headers.
-fn is_reserved(key: &str) -> bool {
-    key == MESSAGE_ID_HEADER || key == TRACEPARENT_HEADER || key == TRACESTATE_HEADER
-}
+pub use crate::transports::headers::{TRACEPARENT_HEADER, TRACESTATE_HEADER};
+use crate::transports::headers::{outgoing, remaining};
 
 /// Builds the envelope of a received publish, and its defect if it cannot be
 /// forwarded as it is.
@@ -106,35 +99,15 @@ pub(crate) fn properties_for(
     envelope: &Envelope,
     now: SystemTime,
 ) -> Result<PublishProperties, SendError> {
-    let mut user_properties: Vec<(String, String)> = envelope
-        .headers
-        .iter()
-        .filter(|(k, _)| !is_reserved(k))
-        .cloned()
+    let user_properties = outgoing(envelope)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-    user_properties.push((MESSAGE_ID_HEADER.to_owned(), envelope.id.clone()));
-    if let Some(tp) = &envelope.trace.traceparent {
-        user_properties.push((TRACEPARENT_HEADER.to_owned(), tp.clone()));
-    }
-    if let Some(ts) = &envelope.trace.tracestate {
-        user_properties.push((TRACESTATE_HEADER.to_owned(), ts.clone()));
-    }
-    let message_expiry_interval = match envelope.expires_at {
-        None => None,
-        Some(at) => {
-            let remaining = at.duration_since(now).map_err(|_| {
-                SendError::Permanent("the message expired before it was sent".into())
-            })?;
-            // Round up, so a message is never cut shorter than it had left.
-            let secs = remaining.as_secs() + u64::from(remaining.subsec_nanos() > 0);
-            if secs == 0 {
-                return Err(SendError::Permanent(
-                    "the message expired before it was sent".into(),
-                ));
-            }
-            Some(u32::try_from(secs).unwrap_or(u32::MAX))
-        }
-    };
+    // Round up, so a message is never cut shorter than it had left.
+    let message_expiry_interval = remaining(envelope, now)?.map(|left| {
+        let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+        u32::try_from(secs).unwrap_or(u32::MAX)
+    });
     Ok(PublishProperties {
         user_properties,
         content_type: envelope.content_type.clone(),

@@ -1201,3 +1201,211 @@ fn valid_config_resolves_lookups() {
     assert_eq!(valid.stale_claim_duration(), Some(Duration::from_secs(300)));
     assert!(valid.receiver("mqtt-in").is_some() && valid.sender("mqtt-out").is_some());
 }
+
+fn rabbitmq_session(extra: &str) -> Session {
+    yaml(&format!(
+        "id: rmq\ntransport: rabbitmq\noptions:\n  session:\n    url: amqp://localhost:5672/%2f\n{extra}"
+    ))
+}
+
+fn nats_session(extra: &str) -> Session {
+    yaml(&format!(
+        "id: js\ntransport: nats\noptions:\n  session:\n    url: nats://localhost:4222\n{extra}"
+    ))
+}
+
+/// Adds sender `out` on session `session` and binding `b` to `address` on it.
+fn bind(c: &mut BridgeConfig, session: Session, address: &str) {
+    let id = session.id.clone();
+    c.sessions.push(session);
+    c.senders
+        .push(yaml(&format!("id: out\nsession_id: {id}\n")));
+    c.bindings.push(yaml(&format!(
+        "id: b\nsender_id: out\naddress: \"{address}\"\n"
+    )));
+}
+
+#[test]
+fn rabbitmq_and_nats_sessions_are_valid_with_a_url() {
+    let mut c = base();
+    bind(&mut c, rabbitmq_session(""), "orders/created.{header:site}");
+    let mut n = nats_session("    token: t\n    allow_plaintext_credentials: true\n");
+    n.id = "js".into();
+    c.sessions.push(n);
+    c.senders.push(yaml("id: js-out\nsession_id: js\n"));
+    c.bindings.push(yaml(
+        "id: js-b\nsender_id: js-out\naddress: \"orders.{header:aggregate_id}\"\n",
+    ));
+    validate(&c).expect("valid");
+}
+
+#[test]
+fn rabbitmq_and_nats_sessions_need_a_url_of_their_scheme() {
+    let errs = errors(|c| {
+        let mut s = rabbitmq_session("");
+        s.options.session.url = None;
+        c.sessions.push(s);
+    });
+    assert_only(&errs, "sessions[1].options.session.url", "needs url");
+    let errs = errors(|c| {
+        let mut s = nats_session("");
+        s.options.session.url = Some("amqp://localhost".into());
+        c.sessions.push(s);
+    });
+    assert_only(
+        &errs,
+        "sessions[1].options.session.url",
+        "nats:// or tls://",
+    );
+    let errs = errors(|c| c.sessions.push(rabbitmq_session("    client_id: x\n")));
+    assert_only(
+        &errs,
+        "sessions[1].options.session.client_id",
+        "option of mqtt sessions",
+    );
+    let errs = errors(|c| c.sessions[0].options.session.token = Some("t".into()));
+    assert_only(
+        &errs,
+        "sessions[0].options.session.token",
+        "token is an option of nats sessions",
+    );
+}
+
+#[test]
+fn broker_credentials_need_tls_or_an_explicit_allowance() {
+    let errs = errors(|c| {
+        c.sessions
+            .push(rabbitmq_session("    username: u\n    password: p\n"));
+    });
+    assert_only(
+        &errs,
+        "sessions[1].options.session.password",
+        "use an amqps:// url",
+    );
+    let errs = errors(|c| {
+        let mut s = rabbitmq_session("    username: u\n    password: p\n");
+        s.options.session.url = Some("amqps://broker:5671/%2f".into());
+        s.options.session.client_cert_file = Some("c.pem".into());
+        c.sessions.push(s);
+    });
+    assert_only(
+        &errs,
+        "sessions[1].options.session.client_cert_file",
+        "option of mqtt or nats sessions",
+    );
+    let errs = errors(|c| {
+        c.sessions.push(nats_session(
+            "    token: t\n    credentials_file: a.creds\n    allow_plaintext_credentials: true\n",
+        ))
+    });
+    assert_only(&errs, "sessions[1].options.session", "set one of");
+}
+
+#[test]
+fn rabbitmq_and_nats_sessions_only_send() {
+    let errs = errors(|c| {
+        c.sessions.push(nats_session(""));
+        c.receivers
+            .push(yaml("id: js-in\nsession_id: js\ntopics:\n  - topic: a\n"));
+    });
+    assert_error(&errs, "receivers[1].session_id", "only sends to nats");
+    assert_only(
+        &errors(|c| c.senders[0].options.sender.mandatory = Some(false)),
+        "senders[0].options.sender.mandatory",
+        "mandatory is an option of rabbitmq senders",
+    );
+}
+
+#[test]
+fn binding_addresses_have_their_transport_shape() {
+    let errs = errors(|c| bind(c, rabbitmq_session(""), "bad exchange/key"));
+    assert_only(&errs, "bindings[3].address", "exchange \"bad exchange\"");
+    let errs = errors(|c| bind(c, nats_session(""), "orders.*"));
+    assert_only(&errs, "bindings[3].address", "wildcard");
+    let errs = errors(|c| bind(c, nats_session(""), "orders..x"));
+    assert_only(&errs, "bindings[3].address", "empty token");
+}
+
+#[test]
+fn address_templates_are_checked_when_validated() {
+    let errs = errors(|c| c.bindings[0].address = "events/{site}".into());
+    assert_only(&errs, "bindings[0].address", "unknown placeholder {site}");
+    let errs = errors(|c| c.bindings[0].address = "events/{header:site".into());
+    assert_only(&errs, "bindings[0].address", "without its '}'");
+    let errs = errors(|c| c.bindings[0].address = "events/#/{header:site}".into());
+    assert_only(&errs, "bindings[0].address", "wildcard");
+    let mut c = base();
+    c.bindings[0].address = "events/{header:site}/{{literal}}".into();
+    validate(&c).expect("a template with escaped braces is valid");
+    let errs = errors(|c| {
+        c.sessions.push(sqs_session());
+        c.senders.push(sqs_sender("queue_name: q"));
+        c.bindings.push(yaml(
+            "id: b\nsender_id: sqs-out\naddress: \"q{header:x}\"\n",
+        ));
+    });
+    assert_only(&errs, "bindings[3].address", "cannot name headers");
+}
+
+fn table_session() -> Session {
+    yaml(
+        "id: pg\ntransport: postgres_table\noptions:\n  session:\n    url: postgres://db:5432/app\n",
+    )
+}
+
+#[test]
+fn an_outbox_table_receiver_needs_a_table() {
+    let valid = |c: &mut BridgeConfig| {
+        c.sessions.push(table_session());
+        c.receivers.push(yaml(
+            "id: rows\nsession_id: pg\ntable: public.outbox_events\n",
+        ));
+    };
+    let mut c = base();
+    valid(&mut c);
+    // The route still reads from the MQTT receiver; the table receiver alone is valid.
+    assert!(
+        validate(&c)
+            .err()
+            .unwrap_or_default()
+            .iter()
+            .all(|e| !e.path.starts_with("receivers[1]") && !e.path.starts_with("sessions[1]")),
+    );
+    let errs = errors(|c| {
+        c.sessions.push(table_session());
+        c.receivers.push(yaml(
+            "id: rows\nsession_id: pg\ntable: \"outbox; drop table x\"\ntopics:\n  - topic: a\n",
+        ));
+    });
+    assert_error(&errs, "receivers[1].table", "is not a table name");
+    assert_error(
+        &errs,
+        "receivers[1].topics",
+        "not an option of postgres_table receivers",
+    );
+    let errs = errors(|c| c.receivers[0].table = Some("t".into()));
+    assert_only(
+        &errs,
+        "receivers[0].table",
+        "table is for postgres_table receivers",
+    );
+}
+
+#[test]
+fn an_outbox_table_session_is_received_from_only() {
+    let errs = errors(|c| {
+        c.sessions.push(table_session());
+        c.senders.push(yaml("id: pg-out\nsession_id: pg\n"));
+    });
+    assert_only(&errs, "senders[1].session_id", "only receives from");
+    let errs = errors(|c| {
+        let mut s = table_session();
+        s.options.session.url = Some("postgres://db:5432".into());
+        c.sessions.push(s);
+    });
+    assert_only(
+        &errs,
+        "sessions[1].options.session.url",
+        "names no database",
+    );
+}

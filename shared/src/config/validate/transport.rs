@@ -1,7 +1,9 @@
 //! Sessions, receivers, senders and bindings: required and foreign keys per transport, URLs,
-//! topics, queues, and the references between them.
+//! topics, queues, exchanges, subjects, address templates, and the references between them.
 
 use std::collections::HashSet;
+
+use crate::address::{AddressTemplate, amqp_address, nats_subject};
 
 use super::super::duration::Duration;
 use super::super::secret::MASK;
@@ -20,6 +22,22 @@ const MQTT: &[Transport] = &[Transport::Mqtt];
 const SQS: &[Transport] = &[Transport::Sqs];
 const AWS: &[Transport] = &[Transport::Sqs, Transport::Sns];
 const SNS: &[Transport] = &[Transport::Sns];
+const RABBITMQ: &[Transport] = &[Transport::Rabbitmq];
+const NATS: &[Transport] = &[Transport::Nats];
+/// The transports with a connection that takes a user name and password.
+const BROKERS: &[Transport] = &[
+    Transport::Mqtt,
+    Transport::Rabbitmq,
+    Transport::Nats,
+    Transport::PostgresTable,
+];
+const BROKERS_TLS: &[Transport] = &[Transport::Mqtt, Transport::Rabbitmq, Transport::Nats];
+const MUTUAL_TLS: &[Transport] = &[Transport::Mqtt, Transport::Nats];
+const URL: &[Transport] = &[
+    Transport::Rabbitmq,
+    Transport::Nats,
+    Transport::PostgresTable,
+];
 
 /// `a`, `a or b`, `a, b or c`.
 fn either(transports: &[Transport]) -> String {
@@ -33,36 +51,47 @@ fn either(transports: &[Transport]) -> String {
 
 impl SessionSettings {
     /// `(key, set, transports it belongs to)` for every key.
-    fn keys(&self) -> [(&'static str, bool, &'static [Transport]); 17] {
+    fn keys(&self) -> [(&'static str, bool, &'static [Transport]); 20] {
         [
             ("broker_url", self.broker_url.is_some(), MQTT),
             ("client_id", self.client_id.is_some(), MQTT),
             ("keep_alive", self.keep_alive.is_some(), MQTT),
-            ("username", self.username.is_some(), MQTT),
-            ("password", self.password.is_some(), MQTT),
+            ("username", self.username.is_some(), BROKERS),
+            ("password", self.password.is_some(), BROKERS),
             ("protocol_version", self.protocol_version.is_some(), MQTT),
             ("clean_start", self.clean_start.is_some(), MQTT),
             ("session_expiry", self.session_expiry.is_some(), MQTT),
-            ("ca_file", self.ca_file.is_some(), MQTT),
-            ("client_cert_file", self.client_cert_file.is_some(), MQTT),
-            ("client_key_file", self.client_key_file.is_some(), MQTT),
+            ("ca_file", self.ca_file.is_some(), BROKERS_TLS),
+            (
+                "client_cert_file",
+                self.client_cert_file.is_some(),
+                MUTUAL_TLS,
+            ),
+            (
+                "client_key_file",
+                self.client_key_file.is_some(),
+                MUTUAL_TLS,
+            ),
             (
                 "allow_plaintext_credentials",
                 self.allow_plaintext_credentials.is_some(),
-                MQTT,
+                BROKERS,
             ),
             ("region", self.region.is_some(), AWS),
             ("endpoint_url", self.endpoint_url.is_some(), AWS),
             ("wait_time", self.wait_time.is_some(), SQS),
             ("visibility_timeout", self.visibility_timeout.is_some(), SQS),
             ("max_messages", self.max_messages.is_some(), SQS),
+            ("url", self.url.is_some(), URL),
+            ("credentials_file", self.credentials_file.is_some(), NATS),
+            ("token", self.token.is_some(), NATS),
         ]
     }
 }
 
 impl Sender {
     /// `(key, set, transports it belongs to)` for every key of `options.sender`.
-    fn keys(&self) -> [(&'static str, bool, &'static [Transport]); 8] {
+    fn keys(&self) -> [(&'static str, bool, &'static [Transport]); 9] {
         let s = &self.options.sender;
         [
             ("qos", s.qos.is_some(), MQTT),
@@ -73,6 +102,7 @@ impl Sender {
             ("topic_name", s.topic_name.is_some(), SNS),
             ("message_group_id", s.message_group_id.is_some(), AWS),
             ("delay_seconds", s.delay_seconds.is_some(), SQS),
+            ("mandatory", s.mandatory.is_some(), RABBITMQ),
         ]
     }
 }
@@ -97,6 +127,9 @@ impl Validator<'_> {
             match session.transport {
                 Transport::Mqtt => self.mqtt_session(&base, s),
                 Transport::Sqs | Transport::Sns => self.aws_session(&base, s),
+                Transport::Rabbitmq => self.rabbitmq_session(&base, s),
+                Transport::Nats => self.nats_session(&base, s),
+                Transport::PostgresTable => self.postgres_table_session(&base, s),
             }
         }
     }
@@ -140,12 +173,7 @@ impl Validator<'_> {
                 );
             }
         }
-        if s.password.as_ref().is_some_and(|p| p.expose() == MASK) {
-            self.error(
-                format!("{base}.password"),
-                "is the mask `***` that a masked document shows, not the password: apply the original document (or one read with --show-secrets)",
-            );
-        }
+        self.not_masked(base, "password", s.password.as_ref());
         if version == ProtocolVersion::V311 && s.password.is_some() && s.username.is_none() {
             self.error(
                 format!("{base}.password"),
@@ -153,32 +181,60 @@ impl Validator<'_> {
             );
         }
         if tls == Some(false) {
-            if (s.username.is_some() || s.password.is_some())
-                && s.allow_plaintext_credentials != Some(true)
-            {
-                let key = if s.password.is_some() {
-                    "password"
-                } else {
-                    "username"
-                };
-                self.error(
-                    format!("{base}.{key}"),
-                    "credentials would cross the network unencrypted: use an ssl://, mqtts:// or wss:// broker_url, or set allow_plaintext_credentials: true",
-                );
-            }
-            for (key, set) in [
-                ("ca_file", s.ca_file.is_some()),
-                ("client_cert_file", s.client_cert_file.is_some()),
-                ("client_key_file", s.client_key_file.is_some()),
-            ] {
-                if set {
-                    self.error(
-                        format!("{base}.{key}"),
-                        format!("{key} needs a TLS broker_url (ssl://, mqtts:// or wss://)"),
-                    );
-                }
+            self.plaintext(base, s, "an ssl://, mqtts:// or wss:// broker_url");
+            self.tls_files_need_tls(base, s, "a TLS broker_url (ssl://, mqtts:// or wss://)");
+        }
+        self.client_cert_pair(base, s);
+    }
+
+    /// A secret that is the mask a masked document shows, not the value.
+    fn not_masked(&mut self, base: &str, key: &str, secret: Option<&super::super::secret::Secret>) {
+        if secret.is_some_and(|p| p.expose() == MASK) {
+            self.error(
+                format!("{base}.{key}"),
+                format!("is the mask `***` that a masked document shows, not the {key}: apply the original document (or one read with --show-secrets)"),
+            );
+        }
+    }
+
+    /// Credentials on a plaintext URL, unless allowed; `tls_urls` says what to use instead.
+    /// (A token is a NATS credential; on another transport it is reported as foreign.)
+    fn plaintext(&mut self, base: &str, s: &SessionSettings, tls_urls: &str) {
+        if s.allow_plaintext_credentials == Some(true) {
+            return;
+        }
+        let token = s.token.is_some() && s.url.as_deref().is_some_and(|u| u.starts_with("nats"));
+        let key = [
+            ("password", s.password.is_some()),
+            ("token", token),
+            ("username", s.username.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(key, set)| set.then_some(key));
+        if let Some(key) = key {
+            self.error(
+                format!("{base}.{key}"),
+                format!(
+                    "credentials would cross the network unencrypted: use {tls_urls}, or set allow_plaintext_credentials: true"
+                ),
+            );
+        }
+    }
+
+    /// TLS files on a plaintext URL.
+    fn tls_files_need_tls(&mut self, base: &str, s: &SessionSettings, tls_url: &str) {
+        for (key, set) in [
+            ("ca_file", s.ca_file.is_some()),
+            ("client_cert_file", s.client_cert_file.is_some()),
+            ("client_key_file", s.client_key_file.is_some()),
+        ] {
+            if set {
+                self.error(format!("{base}.{key}"), format!("{key} needs {tls_url}"));
             }
         }
+    }
+
+    fn client_cert_pair(&mut self, base: &str, s: &SessionSettings) {
         match (&s.client_cert_file, &s.client_key_file) {
             (Some(_), None) => self.error(
                 format!("{base}.client_key_file"),
@@ -190,6 +246,109 @@ impl Validator<'_> {
             ),
             _ => {}
         }
+    }
+
+    fn rabbitmq_session(&mut self, base: &str, s: &SessionSettings) {
+        match &s.url {
+            None => self.error(
+                format!("{base}.url"),
+                "a rabbitmq session needs url (amqp:// or amqps://)",
+            ),
+            Some(u) => match syntax::url(u) {
+                Err(e) => self.error(format!("{base}.url"), e),
+                Ok(parsed) => match parsed.scheme.as_str() {
+                    "amqps" => {}
+                    "amqp" => {
+                        self.plaintext(base, s, "an amqps:// url");
+                        self.tls_files_need_tls(base, s, "an amqps:// url");
+                    }
+                    other => self.error(
+                        format!("{base}.url"),
+                        format!(
+                            "\"{u}\" has scheme \"{other}\"; a rabbitmq url is amqp:// or amqps://"
+                        ),
+                    ),
+                },
+            },
+        }
+        self.not_masked(base, "password", s.password.as_ref());
+        if s.password.is_some() && s.username.is_none() {
+            self.error(format!("{base}.password"), "password needs username");
+        }
+    }
+
+    fn nats_session(&mut self, base: &str, s: &SessionSettings) {
+        match &s.url {
+            None => self.error(
+                format!("{base}.url"),
+                "a nats session needs url (nats:// or tls://)",
+            ),
+            Some(u) => match syntax::url(u) {
+                Err(e) => self.error(format!("{base}.url"), e),
+                Ok(parsed) if !parsed.path.is_empty() && parsed.path != "/" => self.error(
+                    format!("{base}.url"),
+                    format!("\"{u}\" has a path; a nats url is scheme://host[:port]"),
+                ),
+                Ok(parsed) => match parsed.scheme.as_str() {
+                    "tls" => {}
+                    // A nats:// url upgrades to TLS only when the server asks for it, so
+                    // credentials on it may cross in the clear.
+                    "nats" => self.plaintext(base, s, "a tls:// url"),
+                    other => self.error(
+                        format!("{base}.url"),
+                        format!("\"{u}\" has scheme \"{other}\"; a nats url is nats:// or tls://"),
+                    ),
+                },
+            },
+        }
+        self.not_masked(base, "password", s.password.as_ref());
+        self.not_masked(base, "token", s.token.as_ref());
+        let methods = [
+            s.credentials_file.is_some(),
+            s.token.is_some(),
+            s.username.is_some() || s.password.is_some(),
+        ];
+        if methods.into_iter().filter(|set| *set).count() > 1 {
+            self.error(
+                base.to_owned(),
+                "set one of credentials_file, token, or username with password",
+            );
+        }
+        if s.username.is_some() != s.password.is_some() {
+            let key = if s.username.is_some() {
+                "password"
+            } else {
+                "username"
+            };
+            self.error(format!("{base}.{key}"), "username and password go together");
+        }
+        self.client_cert_pair(base, s);
+    }
+
+    fn postgres_table_session(&mut self, base: &str, s: &SessionSettings) {
+        match &s.url {
+            None => self.error(
+                format!("{base}.url"),
+                "a postgres_table session needs url (postgres://host[:port]/database)",
+            ),
+            Some(u) => match syntax::url(u) {
+                Err(e) => self.error(format!("{base}.url"), e),
+                Ok(parsed) if parsed.scheme != "postgres" && parsed.scheme != "postgresql" => self
+                    .error(
+                        format!("{base}.url"),
+                        format!(
+                            "\"{u}\" has scheme \"{}\"; a postgres_table url is postgres://",
+                            parsed.scheme
+                        ),
+                    ),
+                Ok(parsed) if parsed.path.trim_start_matches('/').is_empty() => self.error(
+                    format!("{base}.url"),
+                    format!("\"{u}\" names no database (postgres://host[:port]/database)"),
+                ),
+                Ok(_) => self.plaintext(base, s, "a TLS connection (not supported yet)"),
+            },
+        }
+        self.not_masked(base, "password", s.password.as_ref());
     }
 
     fn aws_session(&mut self, base: &str, s: &SessionSettings) {
@@ -248,7 +407,29 @@ impl Validator<'_> {
             else {
                 continue;
             };
+            if transport != Transport::PostgresTable {
+                for (key, set) in [
+                    ("table", r.table.is_some()),
+                    ("poll_interval", r.poll_interval.is_some()),
+                    ("batch_size", r.batch_size.is_some()),
+                ] {
+                    if set {
+                        self.error(
+                            format!("{base}.{key}"),
+                            format!("{key} is for postgres_table receivers; session \"{}\" is {transport}", r.session_id),
+                        );
+                    }
+                }
+            }
             match transport {
+                Transport::PostgresTable => self.postgres_table_receiver(&base, r),
+                Transport::Rabbitmq | Transport::Nats => self.error(
+                    format!("{base}.session_id"),
+                    format!(
+                        "session \"{}\" is {transport}, and Ferry only sends to {transport} (a receiver needs an mqtt or sqs session)",
+                        r.session_id
+                    ),
+                ),
                 Transport::Mqtt => {
                     if r.queue.is_some() {
                         self.error(
@@ -326,6 +507,38 @@ impl Validator<'_> {
         }
     }
 
+    fn postgres_table_receiver(&mut self, base: &str, r: &super::super::transport::Receiver) {
+        for (key, set) in [
+            ("topics", r.topics.is_some()),
+            ("queue", r.queue.is_some()),
+            ("trust_message_id", r.trust_message_id),
+        ] {
+            if set {
+                self.error(
+                    format!("{base}.{key}"),
+                    format!("{key} is not an option of postgres_table receivers (use table)"),
+                );
+            }
+        }
+        match &r.table {
+            None => self.error(
+                format!("{base}.table"),
+                "a postgres_table receiver needs table",
+            ),
+            Some(t) => {
+                if let Err(e) = syntax::table_name(t) {
+                    self.error(format!("{base}.table"), e);
+                }
+            }
+        }
+        if let Some(p) = r.poll_interval {
+            self.positive(format!("{base}.poll_interval"), p);
+        }
+        if r.batch_size == Some(0) {
+            self.error(format!("{base}.batch_size"), "must be at least 1");
+        }
+    }
+
     fn qos(&mut self, path: String, qos: u8) {
         if qos > 2 {
             self.error(path, format!("qos must be 0, 1 or 2, got {qos}"));
@@ -355,6 +568,14 @@ impl Validator<'_> {
                 }
             }
             match transport {
+                Transport::PostgresTable => self.error(
+                    format!("{base}.session_id"),
+                    format!(
+                        "session \"{}\" is postgres_table, which Ferry only receives from",
+                        sender.session_id
+                    ),
+                ),
+                Transport::Rabbitmq | Transport::Nats => {}
                 Transport::Mqtt => {
                     if let Some(qos) = s.qos {
                         self.qos(format!("{opts}.qos"), qos);
@@ -481,22 +702,35 @@ impl Validator<'_> {
                 continue; // reported on the sender
             };
             let path = format!("{base}.address");
-            match session.transport {
-                Transport::Mqtt => {
-                    if let Err(e) = syntax::publish_topic(&b.address) {
-                        self.error(path, e);
-                    }
+            let template = match AddressTemplate::parse(&b.address) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.error(path, e.to_string());
+                    continue;
                 }
-                Transport::Sqs => {
-                    if let Err(e) = sqs_address(sender, &b.address) {
-                        self.error(path, e);
+            };
+            // The literal parts of a template must already have the transport's shape.
+            let sample = template.sample();
+            let shape = match session.transport {
+                Transport::Mqtt => syntax::publish_topic(&sample),
+                Transport::Sqs | Transport::Sns if template.is_template() => Err(format!(
+                    "an {} binding address is its sender's {} and cannot name headers",
+                    session.transport,
+                    if session.transport == Transport::Sqs {
+                        "queue"
+                    } else {
+                        "topic"
                     }
-                }
-                Transport::Sns => {
-                    if let Err(e) = sns_address(sender, &b.address) {
-                        self.error(path, e);
-                    }
-                }
+                )),
+                Transport::Sqs => sqs_address(sender, &b.address),
+                Transport::Sns => sns_address(sender, &b.address),
+                Transport::Rabbitmq => amqp_address(&sample).map(|_| ()),
+                Transport::Nats => nats_subject(&sample),
+                // Reported on the sender: Ferry does not send to a table.
+                Transport::PostgresTable => Ok(()),
+            };
+            if let Err(e) = shape {
+                self.error(path, e);
             }
         }
     }

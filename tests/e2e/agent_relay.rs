@@ -1,0 +1,544 @@
+//! The agent relaying MQTT to RabbitMQ and to NATS JetStream through `shared_outbox`, against
+//! the local brokers: message ids and headers arrive as AMQP properties and NATS headers, an
+//! unroutable RabbitMQ message and a message whose templated address has no value are
+//! dead-lettered, JetStream drops a replayed `Nats-Msg-Id`, and cutting the connection to
+//! either broker mid-run loses nothing.
+//!
+//! Each test uses its own exclusive queue or its own stream with unique subjects (see
+//! `ferry_tests::rabbitmq`, `ferry_tests::nats`).
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use ferry_tests::agent::Agent;
+use ferry_tests::mqtt::{QoS, parse_seq};
+use ferry_tests::nats::TestStream;
+use ferry_tests::proxy::TcpProxy;
+use ferry_tests::rabbitmq::TestQueue;
+use ferry_tests::{
+    Mosquitto, PublishOptions, TestDatabase, ids, publish_seq, publish_seq_with, wait,
+};
+
+use crate::agent_support::quiesced;
+use ferry_tests::agent::BindingCounts;
+
+const DELIVERY: Duration = Duration::from_secs(60);
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+/// A bridge from a private Mosquitto (`{run}/in`), or from an outbox table, to one RabbitMQ or
+/// NATS session.
+struct Relay {
+    run: String,
+    mqtt: String,
+    /// `(postgres URL, table)`: the source is this outbox table instead of `mqtt`.
+    table: Option<(String, String)>,
+    /// A `direct_hold` route (one binding) instead of `shared_outbox`.
+    direct_hold: bool,
+    /// `rabbitmq` or `nats`.
+    transport: &'static str,
+    url: String,
+    /// `(binding id, address)`.
+    bindings: Vec<(String, String)>,
+    dir: std::path::PathBuf,
+}
+
+impl Relay {
+    fn input(&self) -> String {
+        format!("{}/in", self.run)
+    }
+
+    fn binding_ids(&self) -> Vec<String> {
+        self.bindings.iter().map(|(id, _)| id.clone()).collect()
+    }
+
+    fn yaml(&self) -> String {
+        let dir = self.dir.display();
+        let (source, receiver) = match &self.table {
+            None => (
+                format!(
+                    "  - id: src\n    transport: mqtt\n    options:\n      session:\n        broker_url: {}\n        client_id: {}-in\n        keep_alive: 5\n",
+                    self.mqtt, self.run
+                ),
+                format!(
+                    "    topics:\n      - topic: {}\n        qos: 1\n",
+                    self.input()
+                ),
+            ),
+            Some((url, table)) => (
+                format!(
+                    "  - id: src\n    transport: postgres_table\n    options:\n      session:\n        url: {url}\n"
+                ),
+                format!("    table: {table}\n    poll_interval: 100ms\n"),
+            ),
+        };
+        let mut y = format!(
+            "bridge:\n  id: e2e\n\
+             sessions:\n\
+             {source}\
+             \x20 - id: dst\n    transport: {transport}\n    options:\n      session:\n        url: {url}\n\
+             stores:\n\
+             \x20 outbox:\n    type: sqlite\n    options:\n      path: {dir}/outbox.db\n\
+             \x20 lease:\n    type: sqlite\n    options:\n      path: {dir}/lease.db\n\
+             \x20 dlq:\n    type: sqlite\n    options:\n      path: {dir}/dlq.db\n\
+             receivers:\n  - id: in\n    session_id: src\n{receiver}\
+             senders:\n  - id: out\n    session_id: dst\n\
+             bindings:\n",
+            transport = self.transport,
+            url = self.url,
+        );
+        for (id, address) in &self.bindings {
+            let _ = writeln!(
+                y,
+                "  - id: {id}\n    sender_id: out\n    address: \"{address}\""
+            );
+        }
+        let bindings = self.binding_ids().join(", ");
+        if self.direct_hold {
+            let _ = write!(
+                y,
+                "routes:\n  - id: r\n    receiver_id: in\n    delivery_mode: direct_hold\n    bindings: [{bindings}]\n"
+            );
+        } else {
+            let _ = write!(
+                y,
+                "routes:\n  - id: r\n    receiver_id: in\n    delivery_mode: shared_outbox\n    dispatch_mode: fan_out\n    bindings: [{bindings}]\n\
+                 \x20   session:\n      session_id: dst\n      sender_id: out\n      drain_interval: 200ms\n      drain_batch_size: 100\n      lease_ttl: 3s\n      step_down_grace: 2s\n",
+            );
+        }
+        y
+    }
+
+    async fn start_agent(&self) -> anyhow::Result<Agent> {
+        let mut agent = Agent::start(&self.dir, &self.yaml())?;
+        agent.wait_ready(Duration::from_secs(20)).await?;
+        Ok(agent)
+    }
+}
+
+/// Waits until every binding has finished `expected` messages (sent or dead-lettered) with
+/// nothing in flight and its counters conserved; returns the counts. (Quiescence alone can
+/// hold before the last messages were even received.)
+async fn finished(
+    agent: &Agent,
+    relay: &Relay,
+    expected: u64,
+) -> anyhow::Result<Vec<BindingCounts>> {
+    let bindings = relay.binding_ids();
+    wait::until(
+        DELIVERY,
+        format!("{expected} messages finished per binding"),
+        || {
+            std::future::ready(agent.metrics().is_ok_and(|m| {
+                bindings.iter().all(|b| {
+                    let c = m.binding("r", b);
+                    c.sent + c.dead_lettered >= expected
+                })
+            }))
+        },
+    )
+    .await?;
+    quiesced(agent, &bindings, DELIVERY).await
+}
+
+fn seqs<'a>(payloads: impl Iterator<Item = &'a [u8]>) -> BTreeSet<u64> {
+    payloads.filter_map(parse_seq).collect()
+}
+
+/// MQTT → a RabbitMQ queue: every message arrives persistent, with the Ferry message id as
+/// `message_id` and as the `ferry-message-id` header, and with the incoming headers
+/// (`traceparent`, `site`). A second binding to a queue that does not exist (mandatory
+/// publish, returned unroutable) dead-letters every message without holding up the first.
+#[tokio::test]
+async fn mqtt_to_rabbitmq_keeps_ids_and_headers_and_dead_letters_unroutable() -> anyhow::Result<()>
+{
+    const N: u64 = 1000;
+    let mosquitto = Mosquitto::start().await?;
+    let queue = TestQueue::declare("ferry-e2e").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: mosquitto.url(),
+        table: None,
+        direct_hold: false,
+        transport: "rabbitmq",
+        url: ferry_tests::rabbitmq::url(),
+        bindings: vec![
+            ("q".into(), format!("/{}", queue.name)),
+            (
+                "nowhere".into(),
+                format!("/{}", ids::unique("no-such-queue")),
+            ),
+        ],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    publish_seq_with(
+        &mosquitto.url(),
+        &relay.input(),
+        0..N,
+        QoS::AtLeastOnce,
+        PublishOptions {
+            user_properties: vec![
+                ("traceparent".into(), TRACEPARENT.into()),
+                ("site".into(), "eu".into()),
+            ],
+            ..PublishOptions::default()
+        },
+    )
+    .await?;
+    let got = queue
+        .wait_until(DELIVERY, "every message in the queue", |r| {
+            seqs(r.iter().map(|m| m.payload.as_slice())).len() == N as usize
+        })
+        .await?;
+    for m in &got {
+        let id = m.message_id.as_deref().unwrap_or_default();
+        assert!(!id.is_empty(), "{m:?}");
+        assert_eq!(
+            m.headers.get("ferry-message-id").map(String::as_str),
+            Some(id)
+        );
+        assert_eq!(m.headers.get("site").map(String::as_str), Some("eu"));
+        assert!(m.headers.contains_key("traceparent"), "{m:?}");
+        assert_eq!(m.delivery_mode, Some(2));
+    }
+    let ids: BTreeSet<_> = got.iter().filter_map(|m| m.message_id.clone()).collect();
+    assert_eq!(ids.len(), N as usize, "one id per message");
+    let counts = finished(&agent, &relay, N).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (N, 0));
+    assert_eq!((counts[1].sent, counts[1].dead_lettered), (0, N));
+    queue.delete().await;
+    Ok(())
+}
+
+/// MQTT → JetStream with a templated subject `{prefix}.sites.{header:site}`: messages land on
+/// their site's subject, those without a `site` header are dead-lettered; each stored message
+/// carries `Nats-Msg-Id` = its Ferry message id, so publishing one again is acknowledged as a
+/// duplicate and not stored.
+#[tokio::test]
+async fn mqtt_to_jetstream_routes_by_header_and_dedups_a_replay() -> anyhow::Result<()> {
+    let mosquitto = Mosquitto::start().await?;
+    let stream = TestStream::create("ferry_e2e").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: mosquitto.url(),
+        table: None,
+        direct_hold: false,
+        transport: "nats",
+        url: ferry_tests::nats::url(),
+        bindings: vec![(
+            "js".into(),
+            format!("{}.sites.{{header:site}}", stream.subject),
+        )],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    for (site, range) in [("eu", 0..10), ("us", 10..20)] {
+        publish_seq_with(
+            &mosquitto.url(),
+            &relay.input(),
+            range,
+            QoS::AtLeastOnce,
+            PublishOptions {
+                user_properties: vec![("site".into(), site.into())],
+                ..PublishOptions::default()
+            },
+        )
+        .await?;
+    }
+    publish_seq(&mosquitto.url(), &relay.input(), 20..25, QoS::AtLeastOnce).await?;
+    let counts = finished(&agent, &relay, 25).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (20, 5));
+    let stored = stream.wait_for(20, DELIVERY).await?;
+    assert_eq!(stored.len(), 20);
+    for m in &stored {
+        let seq = parse_seq(&m.payload).unwrap_or(u64::MAX);
+        let site = if seq < 10 { "eu" } else { "us" };
+        assert_eq!(m.subject, format!("{}.sites.{site}", stream.subject));
+        assert!(
+            m.header("Nats-Msg-Id")
+                .is_some_and(|id| Some(id) == m.header("ferry-message-id")),
+            "{m:?}"
+        );
+    }
+    // A replay of the first message (what a resend after a lost ack is) is dropped.
+    let first = &stored[0];
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "Nats-Msg-Id",
+        first.header("Nats-Msg-Id").unwrap_or_default(),
+    );
+    let ack = stream
+        .context
+        .publish_with_headers(first.subject.clone(), headers, first.payload.clone().into())
+        .await?
+        .await?;
+    assert!(ack.duplicate, "{ack:?}");
+    assert_eq!(stream.messages().await?.len(), 20);
+    stream.delete().await?;
+    Ok(())
+}
+
+/// Publishes `0..n` while the broker's connection is cut (through a TCP proxy) as soon as the
+/// first messages arrive; restores it once the session is down and everything is published.
+async fn cut_mid_run(
+    relay: &Relay,
+    proxy: &TcpProxy,
+    n: u64,
+    delivered: impl AsyncFn() -> usize,
+) -> anyhow::Result<Agent> {
+    let agent = relay.start_agent().await?;
+    let (url, topic) = (relay.mqtt.clone(), relay.input());
+    let publisher =
+        tokio::spawn(async move { publish_seq(&url, &topic, 0..n, QoS::AtLeastOnce).await });
+    let delivered = &delivered;
+    wait::until(
+        DELIVERY,
+        "the first messages delivered",
+        move || async move { delivered().await > 0 },
+    )
+    .await?;
+    proxy.cut();
+    let cut_at = delivered().await;
+    wait::until(DELIVERY, "the session disconnected", || {
+        std::future::ready(
+            agent
+                .metrics()
+                .is_ok_and(|m| m.session("ferry_session_connected", "dst") == 0.0),
+        )
+    })
+    .await?;
+    publisher.await??;
+    proxy.restore();
+    eprintln!("cut after {cut_at} of {n} messages had arrived");
+    Ok(agent)
+}
+
+/// The connection to RabbitMQ is cut mid-run and restored: every message arrives (a resend
+/// of an unconfirmed one may arrive twice), none is dead-lettered.
+#[tokio::test]
+async fn rabbitmq_connection_cut_mid_run_loses_nothing() -> anyhow::Result<()> {
+    const N: u64 = 2000;
+    let mosquitto = Mosquitto::start().await?;
+    let queue = TestQueue::declare("ferry-e2e-cut").await?;
+    let proxy = TcpProxy::start("127.0.0.1:5672").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: mosquitto.url(),
+        table: None,
+        direct_hold: false,
+        transport: "rabbitmq",
+        url: format!("amqp://127.0.0.1:{}/%2f", proxy.port()),
+        bindings: vec![("q".into(), queue.name.clone())],
+        dir: dir.path().to_owned(),
+    };
+    let agent = cut_mid_run(&relay, &proxy, N, async || queue.received().len()).await?;
+    queue
+        .wait_until(DELIVERY, "every message after the cut", |r| {
+            seqs(r.iter().map(|m| m.payload.as_slice())) == (0..N).collect()
+        })
+        .await?;
+    let counts = finished(&agent, &relay, N).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (N, 0));
+    queue.delete().await;
+    Ok(())
+}
+
+/// The connection to NATS is cut mid-run and restored: every message is in the stream exactly
+/// once (a resend of an unacknowledged one is dropped by its `Nats-Msg-Id`).
+#[tokio::test]
+async fn jetstream_connection_cut_mid_run_stores_each_message_once() -> anyhow::Result<()> {
+    const N: u64 = 2000;
+    let mosquitto = Mosquitto::start().await?;
+    let stream = TestStream::create("ferry_e2e_cut").await?;
+    let proxy = TcpProxy::start("127.0.0.1:4222").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: mosquitto.url(),
+        table: None,
+        direct_hold: false,
+        transport: "nats",
+        url: format!("nats://127.0.0.1:{}", proxy.port()),
+        bindings: vec![("js".into(), format!("{}.events", stream.subject))],
+        dir: dir.path().to_owned(),
+    };
+    let agent = cut_mid_run(&relay, &proxy, N, async || {
+        stream.messages().await.map_or(0, |m| m.len())
+    })
+    .await?;
+    let counts = finished(&agent, &relay, N).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (N, 0));
+    let stored = stream.wait_for(N as usize, DELIVERY).await?;
+    assert_eq!(stored.len(), N as usize, "each message stored once");
+    assert_eq!(
+        seqs(stored.iter().map(|m| m.payload.as_slice())),
+        (0..N).collect()
+    );
+    stream.delete().await?;
+    Ok(())
+}
+
+/// An application writes business rows, each with its outbox row in the same transaction
+/// (seed 004's table); the agent relays the table to JetStream on per-aggregate subjects
+/// (`{prefix}.{header:aggregate_id}`) through `shared_outbox`: every row arrives once, with
+/// `Nats-Msg-Id` = `outbox:ID`, and every row ends up with `sent_at` set.
+#[tokio::test]
+async fn postgres_outbox_table_to_jetstream_marks_every_row_sent() -> anyhow::Result<()> {
+    const N: i64 = 300;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(OUTBOX_DDL).await?;
+    let stream = TestStream::create("ferry_e2e_table").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some((
+            format!("postgres://127.0.0.1:5432/{}", db.name()),
+            "outbox".into(),
+        )),
+        direct_hold: false,
+        transport: "nats",
+        url: ferry_tests::nats::url(),
+        bindings: vec![(
+            "js".into(),
+            format!("{}.{{header:aggregate_id}}", stream.subject),
+        )],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    for i in 0..N {
+        app.batch_execute(&format!(
+            "BEGIN;
+             INSERT INTO orders VALUES ({i});
+             INSERT INTO outbox (aggregate_type, aggregate_id, event, payload)
+                 VALUES ('orders', 'a{}', 'created', '{i}');
+             COMMIT",
+            i % 7
+        ))
+        .await?;
+    }
+    let n = u64::try_from(N)?;
+    let counts = finished(&agent, &relay, n).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (n, 0));
+    let stored = stream.wait_for(N as usize, DELIVERY).await?;
+    assert_eq!(stored.len(), N as usize, "each row stored once");
+    for m in &stored {
+        let seq = parse_seq(&m.payload).unwrap_or(u64::MAX);
+        assert_eq!(
+            m.subject,
+            format!("{}.a{}", stream.subject, seq % 7),
+            "{m:?}"
+        );
+        assert_eq!(m.header("event"), Some("created"));
+        assert_eq!(
+            m.header("Nats-Msg-Id"),
+            Some(format!("outbox:{}", seq + 1).as_str())
+        );
+    }
+    wait::until(DELIVERY, "every row marked sent", || async {
+        app.query_one("SELECT count(*) FROM outbox WHERE sent_at IS NULL", &[])
+            .await
+            .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+    })
+    .await?;
+    stream.delete().await?;
+    Ok(())
+}
+
+/// Seed 004's outbox table, beside a business table.
+const OUTBOX_DDL: &str = "CREATE TABLE orders (id bigint PRIMARY KEY);
+     CREATE TABLE outbox (
+         id bigserial PRIMARY KEY,
+         aggregate_type varchar(255) NOT NULL,
+         aggregate_id varchar(255) NOT NULL,
+         event varchar(255) NOT NULL,
+         payload json NOT NULL,
+         retry_at timestamptz,
+         retry_count int,
+         sent_at timestamptz)";
+
+/// Inserts outbox rows `from..to` (payload = the number) in one statement.
+async fn insert_rows(app: &tokio_postgres::Client, from: i64, to: i64) -> anyhow::Result<()> {
+    app.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event, payload)
+         SELECT 'orders', 'a' || (i % 7), 'created', to_json(i)
+         FROM generate_series($1::bigint, $2::bigint - 1) AS i",
+        &[&from, &to],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Waits until no row of the outbox is left unsent.
+async fn all_rows_sent(app: &tokio_postgres::Client) -> anyhow::Result<()> {
+    wait::until(DELIVERY, "every row marked sent", || async {
+        app.query_one("SELECT count(*) FROM outbox WHERE sent_at IS NULL", &[])
+            .await
+            .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+    })
+    .await
+}
+
+/// Two agents relay one outbox table (direct_hold to JetStream): in normal operation each row is
+/// sent by exactly one of them (their `sent` counters add up to the rows); then one is
+/// SIGKILLed mid-run: the other finishes the table (the dead agent's row locks went with its
+/// connection) and the stream holds every row exactly once (a row the dead agent sent but could
+/// not mark is sent again, and dropped by its `Nats-Msg-Id`).
+#[tokio::test]
+async fn two_agents_relay_one_table_and_one_survives_a_sigkill() -> anyhow::Result<()> {
+    const N: i64 = 1000;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(OUTBOX_DDL).await?;
+    let stream = TestStream::create("ferry_e2e_two").await?;
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let relay = |dir: &std::path::Path| Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some((
+            format!("postgres://127.0.0.1:5432/{}", db.name()),
+            "outbox".into(),
+        )),
+        direct_hold: true,
+        transport: "nats",
+        url: ferry_tests::nats::url(),
+        bindings: vec![(
+            "js".into(),
+            format!("{}.{{header:aggregate_id}}", stream.subject),
+        )],
+        dir: dir.to_owned(),
+    };
+    let (relay_a, relay_b) = (relay(dir_a.path()), relay(dir_b.path()));
+    let mut a = relay_a.start_agent().await?;
+    let b = relay_b.start_agent().await?;
+    insert_rows(&app, 0, N).await?;
+    all_rows_sent(&app).await?;
+    let sent = |agent: &Agent| agent.metrics().map(|m| m.binding("r", "js").sent);
+    let (sent_a, sent_b) = (sent(&a)?, sent(&b)?);
+    assert_eq!(
+        sent_a + sent_b,
+        u64::try_from(N)?,
+        "a: {sent_a}, b: {sent_b}"
+    );
+    insert_rows(&app, N, 3 * N).await?;
+    wait::until(DELIVERY, "agent a sending the second batch", || {
+        std::future::ready(sent(&a).is_ok_and(|s| s > sent_a))
+    })
+    .await?;
+    let killed_at = sent(&a)?;
+    a.kill()?;
+    all_rows_sent(&app).await?;
+    eprintln!("rows 0..{N}: a sent {sent_a}, b sent {sent_b}; a killed after {killed_at} sends");
+    let stored = stream.wait_for(3 * N as usize, DELIVERY).await?;
+    assert_eq!(stored.len(), 3 * N as usize, "each row stored once");
+    let rows: BTreeSet<u64> = seqs(stored.iter().map(|m| m.payload.as_slice()));
+    assert_eq!(rows, (0..3 * u64::try_from(N)?).collect());
+    stream.delete().await?;
+    Ok(())
+}
