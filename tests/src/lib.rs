@@ -13,6 +13,7 @@
 //! - [`moto`]: one moto server (SQS + DynamoDB) shared by the tests of a process, and SDK clients
 //!   pointed at it.
 //! - [`postgres`]: a fresh PostgreSQL database per test, dropped afterwards.
+//! - [`proxy`]: a TCP proxy a test cuts and restores (a server's outage for that test only).
 //! - [`mqtt`]: an MQTT test client: publish numbered messages, collect them and count
 //!   duplicates and gaps.
 //! - [`agent`]: a `ferry-agent run` process with its configuration, admin port and parsed
@@ -44,6 +45,7 @@ pub mod otlp;
 pub mod ports;
 pub mod postgres;
 pub mod process;
+pub mod proxy;
 pub mod wait;
 
 pub use agent::Agent;
