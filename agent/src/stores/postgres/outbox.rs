@@ -81,7 +81,9 @@ const FENCE: &str =
     "SELECT pid, hwm FROM ferry_outbox_partitions WHERE partition = $1 FOR KEY SHARE";
 
 /// Claims (invariant 5): `$1` pid, `$2` limit, `$3` owner, `$4` version,
-/// `$5` claims made at or before this are stale, `$6` now.
+/// `$5` claims made at or before this are stale, `$6` now. The rows are
+/// updated by `seq = ANY(ARRAY(…))`, a primary-key lookup: joined to the
+/// chosen seqs instead, the generic plan hashes every record of the table.
 const CLAIM: &str = "
 WITH pending AS (
     SELECT seq FROM ferry_outbox_records
@@ -91,12 +93,11 @@ WITH pending AS (
     SELECT seq FROM ferry_outbox_records
     WHERE pid = $1 AND claim_version IS NOT NULL AND claim_owner = $3 AND claimed_at_ns <= $5
     ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED
-), chosen AS (
-    SELECT seq FROM pending UNION ALL SELECT seq FROM stale ORDER BY seq LIMIT $2
 )
 UPDATE ferry_outbox_records r
 SET claim_version = $4, claim_owner = $3, claimed_at_ns = $6
-FROM chosen WHERE r.pid = $1 AND r.seq = chosen.seq
+WHERE r.pid = $1 AND r.seq = ANY (ARRAY(
+    SELECT seq FROM pending UNION ALL SELECT seq FROM stale ORDER BY seq LIMIT $2))
 RETURNING ";
 
 /// Expiry claims: `$1` pid, `$2` limit, `$3` owner, `$4` version, `$5` now.
@@ -109,7 +110,7 @@ WITH chosen AS (
 )
 UPDATE ferry_outbox_records r
 SET claim_version = $4, claim_owner = $3, claimed_at_ns = $5
-FROM chosen WHERE r.pid = $1 AND r.seq = chosen.seq
+WHERE r.pid = $1 AND r.seq = ANY (ARRAY(SELECT seq FROM chosen))
 RETURNING ";
 
 /// Completion (invariant 4): `$1` partition, `$2` version, `$3` seqs.

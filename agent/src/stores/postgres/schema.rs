@@ -39,6 +39,15 @@ CREATE TABLE ferry_outbox_records (
     first_attempt_at_ns BIGINT,
     last_error          TEXT,
     PRIMARY KEY (pid, seq)
+) WITH (
+    -- A queue: every record is inserted, updated and deleted within
+    -- seconds, and claims scan the pending index from its oldest entry, past
+    -- the dead ones until a vacuum removes them. Vacuum it after every few
+    -- thousand changes rather than after a fifth of the table.
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 5000
 );
 CREATE INDEX ferry_outbox_records_pending ON ferry_outbox_records (pid, seq)
     WHERE claim_version IS NULL;
