@@ -1,4 +1,5 @@
-//! How fast the SQLite outbox moves records on its own, without brokers:
+//! How fast the SQLite (or, with `--postgres URL`, the PostgreSQL) outbox
+//! moves records on its own, without brokers:
 //! one task appends messages (one record per binding, like the
 //! `shared_outbox` writer, up to `--in-flight` appends at once) while a
 //! drain loop claims batches and completes them, as the drainer does after
@@ -8,6 +9,10 @@
 //! ```sh
 //! cargo run --release -p ferry-agent --example outbox_throughput -- --messages 20000
 //! ```
+//!
+//! `--postgres postgres://postgres@127.0.0.1:5432/DB` runs it against a
+//! fresh schema of that database instead (bytes written are the server's,
+//! not counted here).
 //!
 //! `--sequential` makes one store call at a time (append a message; claim
 //! and complete a batch whenever one is pending), so that every run does the
@@ -25,6 +30,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use clap::Parser;
+use ferry_agent::stores::postgres::{PostgresOptions, PostgresOutboxStore};
 use ferry_agent::stores::sqlite::{SqliteOptions, SqliteOutboxStore, Synchronous};
 use ferry_agent::stores::{NewMessage, NewRecord, OutboxStore};
 use ferry_shared::envelope::{Envelope, Source, TraceContext};
@@ -55,6 +61,9 @@ struct Args {
     /// One store call at a time (repeatable work, for callgrind).
     #[arg(long)]
     sequential: bool,
+    /// The PostgreSQL outbox in this database (a new schema) instead of SQLite.
+    #[arg(long)]
+    postgres: Option<String>,
 }
 
 const PARTITION: &str = "bench/route";
@@ -86,7 +95,7 @@ fn message(payload: &Bytes, bindings: usize) -> NewMessage {
 }
 
 /// Claims one batch and completes it; the records completed.
-async fn drain_batch(store: &SqliteOutboxStore, batch: usize) -> anyhow::Result<usize> {
+async fn drain_batch(store: &dyn OutboxStore, batch: usize) -> anyhow::Result<usize> {
     let claimed = store
         .claim(PARTITION, "owner", 1, batch, SystemTime::now())
         .await?;
@@ -98,15 +107,37 @@ async fn drain_batch(store: &SqliteOutboxStore, batch: usize) -> anyhow::Result<
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let dir = tempfile::tempdir().context("temporary directory")?;
-    let mut options = SqliteOptions::new(dir.path().join("outbox.db"));
-    if args.normal {
-        options.synchronous = Synchronous::Normal;
-    }
-    let store = Arc::new(SqliteOutboxStore::open(options).await?);
+    let (mut sqlite, mut postgres) = (None, None);
+    let store: Arc<dyn OutboxStore> = match &args.postgres {
+        Some(url) => {
+            let schema = format!("bench_{}", uuid::Uuid::now_v7().simple());
+            let options = PostgresOptions {
+                schema: Some(schema),
+                ..PostgresOptions::new(url)
+            };
+            let store = Arc::new(PostgresOutboxStore::open(options).await?);
+            postgres = Some(Arc::clone(&store));
+            store
+        }
+        None => {
+            let mut options = SqliteOptions::new(dir.path().join("outbox.db"));
+            if args.normal {
+                options.synchronous = Synchronous::Normal;
+            }
+            let store = Arc::new(SqliteOutboxStore::open(options).await?);
+            sqlite = Some(Arc::clone(&store));
+            store
+        }
+    };
+    let commits = || match (&sqlite, &postgres) {
+        (Some(s), _) => s.commits(),
+        (_, Some(p)) => p.append_commits(),
+        _ => 0,
+    };
     let written_before = written_bytes();
     let started = Instant::now();
     if args.sequential {
-        sequential(&store, &args).await?;
+        sequential(store.as_ref(), &args).await?;
     } else {
         concurrent(&store, &args, started).await?;
     }
@@ -122,22 +153,25 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "{} commits ({:.2} per message); {:.0} bytes written per message, {:.0} per record \
          ({:.1} MiB)",
-        store.commits(),
-        store.commits() as f64 / args.messages as f64,
+        commits(),
+        commits() as f64 / args.messages as f64,
         written as f64 / args.messages as f64,
         written as f64 / total as f64,
         written as f64 / f64::from(1 << 20)
     );
-    Arc::into_inner(store)
-        .context("store still shared")?
-        .close()
-        .await;
+    drop(store);
+    if let Some(store) = sqlite {
+        Arc::into_inner(store)
+            .context("store still shared")?
+            .close()
+            .await;
+    }
     Ok(())
 }
 
 /// One call at a time: append messages one by one and drain a batch
 /// whenever one is pending.
-async fn sequential(store: &SqliteOutboxStore, args: &Args) -> anyhow::Result<()> {
+async fn sequential(store: &dyn OutboxStore, args: &Args) -> anyhow::Result<()> {
     let payload = Bytes::from(vec![b'x'; args.payload]);
     let (mut pending, mut drained) = (0, 0);
     for _ in 0..args.messages {
@@ -165,7 +199,7 @@ async fn sequential(store: &SqliteOutboxStore, args: &Args) -> anyhow::Result<()
 
 /// Appends (up to `--in-flight` at once) racing a claim / complete loop.
 async fn concurrent(
-    store: &Arc<SqliteOutboxStore>,
+    store: &Arc<dyn OutboxStore>,
     args: &Args,
     started: Instant,
 ) -> anyhow::Result<()> {
@@ -223,10 +257,14 @@ async fn concurrent(
     }
     let (append_elapsed, append_wait) = appender.await??;
     println!(
-        "{} messages × {} records, {} synchronous, batch {}, {} appends in flight",
+        "{} messages × {} records, {}, batch {}, {} appends in flight",
         args.messages,
         args.bindings,
-        if args.normal { "NORMAL" } else { "FULL" },
+        match (&args.postgres, args.normal) {
+            (Some(_), _) => "postgres",
+            (None, true) => "sqlite NORMAL",
+            (None, false) => "sqlite FULL",
+        },
         args.batch,
         args.in_flight
     );

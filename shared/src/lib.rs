@@ -37,4 +37,5 @@ pub mod envelope;
 pub mod lease;
 pub mod listener;
 pub mod os;
+pub mod postgres;
 pub mod telemetry;

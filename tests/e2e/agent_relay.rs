@@ -301,7 +301,7 @@ async fn cut_mid_run(
         move || async move { delivered().await > 0 },
     )
     .await?;
-    proxy.cut();
+    proxy.cut().await;
     let cut_at = delivered().await;
     wait::until(DELIVERY, "the session disconnected", || {
         std::future::ready(
@@ -312,7 +312,7 @@ async fn cut_mid_run(
     })
     .await?;
     publisher.await??;
-    proxy.restore();
+    proxy.restore().await?;
     eprintln!("cut after {cut_at} of {n} messages had arrived");
     Ok(agent)
 }
@@ -324,7 +324,7 @@ async fn rabbitmq_connection_cut_mid_run_loses_nothing() -> anyhow::Result<()> {
     const N: u64 = 2000;
     let mosquitto = Mosquitto::start().await?;
     let queue = TestQueue::declare("ferry-e2e-cut").await?;
-    let proxy = TcpProxy::start("127.0.0.1:5672").await?;
+    let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
     let dir = tempfile::tempdir()?;
     let relay = Relay {
         run: ids::unique("e2e"),
@@ -332,7 +332,7 @@ async fn rabbitmq_connection_cut_mid_run_loses_nothing() -> anyhow::Result<()> {
         table: None,
         direct_hold: false,
         transport: "rabbitmq",
-        url: format!("amqp://127.0.0.1:{}/%2f", proxy.port()),
+        url: format!("amqp://127.0.0.1:{}/%2f", proxy.addr().port()),
         bindings: vec![("q".into(), queue.name.clone())],
         dir: dir.path().to_owned(),
     };
@@ -355,7 +355,7 @@ async fn jetstream_connection_cut_mid_run_stores_each_message_once() -> anyhow::
     const N: u64 = 2000;
     let mosquitto = Mosquitto::start().await?;
     let stream = TestStream::create("ferry_e2e_cut").await?;
-    let proxy = TcpProxy::start("127.0.0.1:4222").await?;
+    let proxy = TcpProxy::start("127.0.0.1:4222".parse()?).await?;
     let dir = tempfile::tempdir()?;
     let relay = Relay {
         run: ids::unique("e2e"),
@@ -363,7 +363,7 @@ async fn jetstream_connection_cut_mid_run_stores_each_message_once() -> anyhow::
         table: None,
         direct_hold: false,
         transport: "nats",
-        url: format!("nats://127.0.0.1:{}", proxy.port()),
+        url: format!("nats://127.0.0.1:{}", proxy.addr().port()),
         bindings: vec![("js".into(), format!("{}.events", stream.subject))],
         dir: dir.path().to_owned(),
     };

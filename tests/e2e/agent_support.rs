@@ -35,6 +35,8 @@ pub struct Bridge {
     pub dlq_options: Vec<String>,
     /// Lines of a `telemetry:` block (e.g. `otlp_endpoint: http://...`).
     pub telemetry: Vec<String>,
+    /// The whole `stores:` block instead of SQLite stores in `dir` (`dlq_options` unused).
+    pub stores: Option<String>,
 }
 
 impl Bridge {
@@ -56,6 +58,7 @@ impl Bridge {
             address_suffix: std::collections::HashMap::new(),
             dlq_options: Vec::new(),
             telemetry: Vec::new(),
+            stores: None,
         }
     }
 
@@ -78,10 +81,7 @@ impl Bridge {
              sessions:\n\
              \x20 - id: src\n    transport: mqtt\n    options:\n      session:\n        broker_url: {src}\n        client_id: {run}-in\n        keep_alive: 5\n\
              \x20 - id: dst\n    transport: mqtt\n    options:\n      session:\n        broker_url: {dst}\n        client_id: {run}-out\n        keep_alive: 5\n\
-             stores:\n\
-             \x20 outbox:\n    type: sqlite\n    options:\n      path: {dir}/outbox.db\n\
-             \x20 lease:\n    type: sqlite\n    options:\n      path: {dir}/lease.db\n\
-             \x20 dlq:\n    type: sqlite\n    options:\n      path: {dir}/dlq.db\n{dlq_options}\
+             {stores}\
              receivers:\n  - id: in\n    session_id: src\n    topics:\n      - topic: {input}\n        qos: 1\n\
              senders:\n  - id: out\n    session_id: dst\n    options:\n      sender:\n        qos: 1\n\
              bindings:\n",
@@ -89,11 +89,16 @@ impl Bridge {
             dst = self.destination,
             run = self.run,
             input = self.input(),
-            dlq_options = self
-                .dlq_options
-                .iter()
-                .map(|line| format!("      {line}\n"))
-                .collect::<String>(),
+            stores = self.stores.clone().unwrap_or_else(|| format!(
+                "stores:\n\
+                 \x20 outbox:\n    type: sqlite\n    options:\n      path: {dir}/outbox.db\n\
+                 \x20 lease:\n    type: sqlite\n    options:\n      path: {dir}/lease.db\n\
+                 \x20 dlq:\n    type: sqlite\n    options:\n      path: {dir}/dlq.db\n{}",
+                self.dlq_options
+                    .iter()
+                    .map(|line| format!("      {line}\n"))
+                    .collect::<String>(),
+            )),
         );
         for b in &self.bindings {
             let _ = writeln!(

@@ -10,6 +10,7 @@
 mod agent_delivery;
 mod agent_direct_hold;
 mod agent_dlq_fleet;
+mod agent_failover;
 mod agent_failures;
 mod agent_figures;
 mod agent_fleet;

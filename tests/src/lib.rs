@@ -15,7 +15,8 @@
 //! - [`postgres`]: a fresh PostgreSQL database per test, dropped afterwards.
 //! - [`rabbitmq`]: an exclusive RabbitMQ queue per test, consumed into memory.
 //! - [`nats`]: a JetStream stream per test with unique subjects.
-//! - [`proxy`]: a TCP proxy a test cuts and restores, to take a broker away from the agent.
+//! - [`proxy`]: a TCP proxy a test cuts and restores, to take a broker or a store's server away
+//!   from the agent without stopping it for other tests.
 //! - [`mqtt`]: an MQTT test client: publish numbered messages, collect them and count
 //!   duplicates and gaps.
 //! - [`agent`]: a `ferry-agent run` process with its configuration, admin port and parsed

@@ -57,6 +57,12 @@ impl TestDatabase {
 
     /// The connection URL, `postgres://user[:password]@host:port/dbname` (for TCP servers).
     pub fn url(&self) -> anyhow::Result<String> {
+        let (host, port) = self.server_address()?;
+        self.url_via(&format!("{host}:{port}"))
+    }
+
+    /// The server's TCP host and port.
+    pub fn server_address(&self) -> anyhow::Result<(String, u16)> {
         let config: Config = self
             .connection_string()
             .parse()
@@ -65,14 +71,22 @@ impl TestDatabase {
             Some(Host::Tcp(host)) => host.clone(),
             _ => anyhow::bail!("FERRY_TEST_PG names no TCP host, so there is no URL for it"),
         };
-        let port = config.get_ports().first().copied().unwrap_or(5432);
+        Ok((host, config.get_ports().first().copied().unwrap_or(5432)))
+    }
+
+    /// The connection URL with another `host:port` (a proxy in front of the server).
+    pub fn url_via(&self, address: &str) -> anyhow::Result<String> {
+        let config: Config = self
+            .connection_string()
+            .parse()
+            .context("parsing the connection string")?;
         let user = config.get_user().unwrap_or("postgres");
         let password = config
             .get_password()
             .map(|password| format!(":{}", String::from_utf8_lossy(password)))
             .unwrap_or_default();
         Ok(format!(
-            "postgres://{user}{password}@{host}:{port}/{}",
+            "postgres://{user}{password}@{address}/{}",
             self.name
         ))
     }

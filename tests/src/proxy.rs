@@ -1,68 +1,87 @@
-//! A TCP proxy a test can cut and restore, to take a broker away from the agent without
-//! stopping the broker.
+//! A TCP proxy that a test can cut and restore: a store's server "down" for one test without
+//! touching the server other tests share.
 //!
-//! While cut, the proxy closes every connection it carries and closes each new one at once;
-//! [`TcpProxy::restore`] lets connections through again.
+//! [`TcpProxy::start`] listens on a free loopback port and forwards every connection to its
+//! target. [`TcpProxy::cut`] closes the listener (new connections are refused) and drops every
+//! forwarded connection; [`TcpProxy::restore`] listens on the same port again.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
+use anyhow::Context;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
-/// A proxy from a free loopback port to `target`.
+/// A proxy from a loopback port to `target`.
 pub struct TcpProxy {
-    port: u16,
-    up: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    addr: SocketAddr,
+    target: SocketAddr,
+    /// Cancels the listener and every connection of the current period.
+    running: Arc<Mutex<Option<CancellationToken>>>,
 }
 
 impl TcpProxy {
-    /// Starts forwarding to `target` (`host:port`).
-    pub async fn start(target: &str) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let port = listener.local_addr()?.port();
-        let (up, watcher) = watch::channel(true);
-        let target: Arc<str> = target.into();
-        let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                if !*watcher.borrow() {
-                    continue; // cut: dropping the socket closes it
-                }
-                let (target, mut watcher) = (Arc::clone(&target), watcher.clone());
+    /// Starts forwarding a free loopback port to `target`.
+    pub async fn start(target: SocketAddr) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding the proxy")?;
+        let addr = listener.local_addr()?;
+        let proxy = TcpProxy {
+            addr,
+            target,
+            running: Arc::new(Mutex::new(None)),
+        };
+        proxy.serve(listener).await;
+        Ok(proxy)
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Refuses new connections and drops the forwarded ones.
+    pub async fn cut(&self) {
+        if let Some(token) = self.running.lock().await.take() {
+            token.cancel();
+        }
+    }
+
+    /// Listens again on the same port.
+    pub async fn restore(&self) -> anyhow::Result<()> {
+        let listener = TcpListener::bind(self.addr)
+            .await
+            .with_context(|| format!("binding the proxy again on {}", self.addr))?;
+        self.serve(listener).await;
+        Ok(())
+    }
+
+    async fn serve(&self, listener: TcpListener) {
+        let token = CancellationToken::new();
+        let target = self.target;
+        let period = token.clone();
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    () = period.cancelled() => return,
+                    accepted = listener.accept() => accepted,
+                };
+                let Ok((client, _)) = accepted else { continue };
+                let connection = period.clone();
                 tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(&*target).await else {
+                    let Ok(server) = TcpStream::connect(target).await else {
                         return;
                     };
                     let (mut client, mut server) = (client, server);
                     tokio::select! {
+                        () = connection.cancelled() => {}
                         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = watcher.wait_for(|up| !*up) => {}
                     }
                 });
             }
         });
-        Ok(Self { port, up, task })
-    }
-
-    /// The port the proxy listens on.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// Closes every connection, and each new one until [`TcpProxy::restore`].
-    pub fn cut(&self) {
-        self.up.send_replace(false);
-    }
-
-    /// Lets connections through again.
-    pub fn restore(&self) {
-        self.up.send_replace(true);
-    }
-}
-
-impl Drop for TcpProxy {
-    fn drop(&mut self) {
-        self.task.abort();
+        *self.running.lock().await = Some(token);
     }
 }

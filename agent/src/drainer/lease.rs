@@ -27,6 +27,10 @@ pub(super) async fn keep(
     shutdown: CancellationToken,
 ) -> Option<u64> {
     let mut held: Option<Lease> = None;
+    // When another agent's grant lapses unless renewed: the next acquire is
+    // tried then rather than up to a `renew_interval` later, so a dead
+    // holder is replaced about one lease TTL after its last renewal.
+    let mut other_expires: Option<SystemTime> = None;
     loop {
         let now = SystemTime::now();
         match &held {
@@ -45,6 +49,7 @@ pub(super) async fn keep(
                 Ok(Acquired::HeldByOther(lease)) => {
                     tracing::debug!(partition = %d.partition, holder = %lease.holder, "lease held by another agent");
                     d.lease_resolved.set(true);
+                    other_expires = Some(lease.expires_at);
                 }
                 Err(error) => {
                     tracing::debug!(partition = %d.partition, %error, "acquiring the lease failed; the store observer logs the failure");
@@ -81,13 +86,14 @@ pub(super) async fn keep(
         // While holding, wake no later than the grant's expiry: a lease that
         // could not be renewed stops draining at `expires_at`, not one
         // `renew_interval` after it.
-        let pause = held.as_ref().map_or(d.renew_interval, |lease| {
-            let left = lease
-                .expires_at
-                .duration_since(SystemTime::now())
-                .unwrap_or_default();
-            d.renew_interval.min(left)
-        });
+        let until = |at: SystemTime| at.duration_since(SystemTime::now()).unwrap_or_default();
+        let pause = match (&held, other_expires.take()) {
+            (Some(lease), _) => d.renew_interval.min(until(lease.expires_at)),
+            // Not sooner than a tenth of the interval: a holder whose
+            // clock runs behind ours is not polled in a tight loop.
+            (None, Some(at)) => d.renew_interval.min(until(at).max(d.renew_interval / 10)),
+            (None, None) => d.renew_interval,
+        };
         tokio::select! {
             () = shutdown.cancelled() => break,
             () = tokio::time::sleep(pause) => {}

@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_shared::config::secret::mask_url;
 use ferry_shared::config::store::{
-    ControlPlaneOptions, SqliteOptions as SqliteConfig, SqliteOutboxOptions, SqliteSynchronous,
+    ControlPlaneOptions, PostgresOptions as PostgresConfig, PostgresOutboxOptions,
+    SqliteOptions as SqliteConfig, SqliteOutboxOptions, SqliteSynchronous,
 };
 use ferry_shared::config::{
     DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, ProtocolVersion, Receiver, Route, Session,
@@ -16,6 +18,9 @@ use ferry_shared::config::{
 use super::BuildError;
 use crate::stores::control_plane::{ControlPlaneDlqStore, ControlPlaneLeaseStore};
 use crate::stores::memory::{MemoryDlqStore, MemoryLeaseStore, MemoryOutboxStore};
+use crate::stores::postgres::{
+    PostgresDlqStore, PostgresLeaseStore, PostgresOptions, PostgresOutboxStore,
+};
 use crate::stores::sqlite::{
     SqliteDlqStore, SqliteLeaseStore, SqliteOptions, SqliteOutboxStore, Synchronous,
 };
@@ -284,6 +289,24 @@ fn sqlite_outbox(o: &SqliteOutboxOptions, stale: Duration) -> SqliteOptions {
     options
 }
 
+fn postgres(url: &str, schema: &str) -> PostgresOptions {
+    PostgresOptions {
+        schema: Some(schema.to_owned()),
+        ..PostgresOptions::new(url)
+    }
+}
+
+fn postgres_store(o: &PostgresConfig) -> PostgresOptions {
+    postgres(o.url.expose(), &o.schema)
+}
+
+fn postgres_outbox(o: &PostgresOutboxOptions, stale: Duration) -> PostgresOptions {
+    PostgresOptions {
+        stale_claim_duration: stale,
+        ..postgres(o.url.expose(), &o.schema)
+    }
+}
+
 /// A `control_plane` store's options with its endpoint defaulted to the
 /// control plane the agent is managed by.
 fn endpoint(o: &ControlPlaneOptions, managed_by: Option<&str>) -> ControlPlaneOptions {
@@ -313,6 +336,10 @@ pub(super) async fn outbox(
             .await
             .map(|s| Arc::new(s) as Arc<dyn OutboxStore>)
             .map_err(|e| open_failed("outbox", &o.path, e)),
+        OutboxStoreConfig::Postgres(o) => PostgresOutboxStore::open(postgres_outbox(o, stale))
+            .await
+            .map(|s| Arc::new(s) as Arc<dyn OutboxStore>)
+            .map_err(|e| open_failed("outbox", &mask_url(o.url.expose()), e)),
         other => Err(unsupported("outbox", other.type_name())),
     }
 }
@@ -330,6 +357,10 @@ pub(super) async fn lease(
             .await
             .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
             .map_err(|e| open_failed("lease", &o.path, e)),
+        LeaseStoreConfig::Postgres(o) => PostgresLeaseStore::open(postgres_store(o))
+            .await
+            .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
+            .map_err(|e| open_failed("lease", &mask_url(o.url.expose()), e)),
         LeaseStoreConfig::ControlPlane(o) => {
             ControlPlaneLeaseStore::open(&endpoint(o, managed_by), client)
                 .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
@@ -351,6 +382,10 @@ pub(super) async fn dlq(
             .await
             .map(|s| Arc::new(s) as Arc<dyn DlqStore>)
             .map_err(|e| open_failed("dlq", &o.path, e)),
+        DlqStoreConfig::Postgres(o) => PostgresDlqStore::open(postgres_store(o))
+            .await
+            .map(|s| Arc::new(s) as Arc<dyn DlqStore>)
+            .map_err(|e| open_failed("dlq", &mask_url(o.url.expose()), e)),
         DlqStoreConfig::ControlPlane(o) => {
             ControlPlaneDlqStore::open(&endpoint(o, managed_by), client)
                 .map(|s| Arc::new(s) as Arc<dyn DlqStore>)

@@ -1,8 +1,9 @@
 //! The agent's stores: the outbox, the lease store and the dead-letter queue.
 //!
 //! Each is a trait with interchangeable backends (`memory` for development,
-//! `sqlite` for a single durable node, `control_plane` for leases and dead
-//! letters kept by the control plane; `dynamodb` and `postgres` later). The
+//! `sqlite` for a single durable node, `postgres` for stores several agents
+//! share, `control_plane` for leases and dead letters kept by the control
+//! plane; `dynamodb` later). The
 //! traits are dyn-compatible (`Arc<dyn OutboxStore>`), their futures are
 //! `Send`, and every backend passes the same conformance suite
 //! (`conformance`; the lease and DLQ suites are exported with the
@@ -77,6 +78,7 @@ mod lease;
 pub mod memory;
 pub mod observed;
 mod outbox;
+pub mod postgres;
 pub mod sqlite;
 
 #[cfg(any(test, feature = "conformance"))]

@@ -1,12 +1,12 @@
 //! Outbox record types, shared by every backend.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ferry_shared::envelope::Envelope;
 
-use super::{StoreError, StoreResult};
+use super::{StoreError, StoreResult, from_unix_nanos};
 
 /// A message to append: one envelope for one or more bindings. The outbox
 /// stores the envelope once and a record per binding.
@@ -138,13 +138,18 @@ impl BindingStats {
     }
 
     pub(crate) fn add(&mut self, claimed: bool, created_at: SystemTime) {
-        self.depth += 1;
+        self.add_group(claimed, 1, created_at);
+    }
+
+    /// Counts `count` records in one state, the oldest created at `oldest`.
+    pub(crate) fn add_group(&mut self, claimed: bool, count: u64, oldest: SystemTime) {
+        self.depth += count;
         if claimed {
-            self.claimed += 1;
+            self.claimed += count;
         } else {
             self.oldest_pending_created_at = Some(
                 self.oldest_pending_created_at
-                    .map_or(created_at, |t| t.min(created_at)),
+                    .map_or(oldest, |t| t.min(oldest)),
             );
         }
     }
@@ -188,4 +193,98 @@ pub(crate) fn stale(partition: &str, version: u64, hwm: u64) -> StoreError {
 /// reclaimed by its owner.
 pub(crate) fn claim_is_stale(claimed_at: SystemTime, now: SystemTime, after: Duration) -> bool {
     now.duration_since(claimed_at).is_ok_and(|age| age >= after)
+}
+
+/// A record row as a backend stores it (times in Unix nanoseconds, integers
+/// as `i64`), before its times are decoded and its envelope attached.
+pub(crate) struct RawRecord {
+    pub(crate) seq: i64,
+    pub(crate) msg: i64,
+    pub(crate) id: String,
+    pub(crate) binding: String,
+    pub(crate) address: String,
+    pub(crate) created_at: i64,
+    pub(crate) expires_at: Option<i64>,
+    pub(crate) claim_version: Option<i64>,
+    pub(crate) claim_owner: Option<String>,
+    pub(crate) claimed_at: Option<i64>,
+    pub(crate) replay_count: i64,
+    pub(crate) first_attempt_at: Option<i64>,
+    pub(crate) last_error: Option<String>,
+}
+
+impl RawRecord {
+    /// The row as a claim by `owner` under `version` at `now` leaves it.
+    pub(crate) fn state_claimed(&mut self, version: i64, owner: &str, now: i64) {
+        self.claim_version = Some(version);
+        self.claim_owner = Some(owner.to_owned());
+        self.claimed_at = Some(now);
+    }
+
+    pub(crate) fn into_record(
+        self,
+        partition: &str,
+        envelope: Arc<Envelope>,
+    ) -> StoreResult<OutboxRecord> {
+        let claim = match (self.claim_version, self.claim_owner, self.claimed_at) {
+            (Some(version), Some(owner), Some(at)) => Some(Claim {
+                version: stored_u64(version)?,
+                owner,
+                claimed_at: from_unix_nanos(at)?,
+            }),
+            _ => None,
+        };
+        Ok(OutboxRecord {
+            partition: partition.to_owned(),
+            seq: stored_u64(self.seq)?,
+            id: self.id,
+            binding: self.binding,
+            address: self.address,
+            envelope,
+            created_at: from_unix_nanos(self.created_at)?,
+            expires_at: self.expires_at.map(from_unix_nanos).transpose()?,
+            claim,
+            replay_count: u32::try_from(self.replay_count)
+                .map_err(|_| StoreError::Corrupt(format!("replay count {}", self.replay_count)))?,
+            first_attempt_at: self.first_attempt_at.map(from_unix_nanos).transpose()?,
+            last_error: self.last_error,
+        })
+    }
+}
+
+/// Turns rows into records in seq order, each message's envelope fetched
+/// (`envelope(msg)`: its encoded bytes, `None` when missing) and decoded
+/// once, and shared by its records: the stores' invariant 8.
+pub(crate) fn into_records(
+    partition: &str,
+    mut rows: Vec<RawRecord>,
+    mut envelope: impl FnMut(i64) -> StoreResult<Option<Vec<u8>>>,
+) -> StoreResult<Vec<OutboxRecord>> {
+    rows.sort_unstable_by_key(|r| r.seq);
+    let mut decoded: HashMap<i64, Arc<Envelope>> = HashMap::new();
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let shared = match decoded.get(&row.msg) {
+            Some(e) => Arc::clone(e),
+            None => {
+                let bytes = envelope(row.msg)?.ok_or_else(|| {
+                    StoreError::Corrupt(format!(
+                        "outbox record {partition}/{}: message {} is missing",
+                        row.seq, row.msg
+                    ))
+                })?;
+                let e = Envelope::decode(&bytes).map_err(|e| {
+                    StoreError::Corrupt(format!("outbox message {partition}/{}: {e}", row.msg))
+                })?;
+                Arc::clone(decoded.entry(row.msg).or_insert(Arc::new(e)))
+            }
+        };
+        out.push(row.into_record(partition, shared)?);
+    }
+    Ok(out)
+}
+
+/// A stored integer that must not be negative.
+fn stored_u64(n: i64) -> StoreResult<u64> {
+    u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative value {n}")))
 }

@@ -93,6 +93,7 @@ pub const SECRET_FIELDS: &[(&[&str], SecretKind)] = &[
         SecretKind::Whole,
     ),
     (&["stores", "*", "options", "url"], SecretKind::UrlPassword),
+    (&["stores", "*", "options", "dsn"], SecretKind::UrlPassword),
 ];
 
 /// Replaces every secret of a document (as a generic value) by [`MASK`];

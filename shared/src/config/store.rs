@@ -70,6 +70,8 @@ pub enum LeaseStoreConfig {
     Sqlite(SqliteOptions),
     /// A DynamoDB table.
     Dynamodb(DynamoDbOptions),
+    /// A PostgreSQL table (several agents).
+    Postgres(PostgresOptions),
     /// The control plane's LeaseService.
     ControlPlane(ControlPlaneOptions),
 }
@@ -89,6 +91,8 @@ pub enum DlqStoreConfig {
     Sqlite(SqliteOptions),
     /// A DynamoDB table.
     Dynamodb(DynamoDbOptions),
+    /// A PostgreSQL table (several agents).
+    Postgres(PostgresOptions),
     /// The control plane's DlqService.
     ControlPlane(ControlPlaneOptions),
 }
@@ -107,6 +111,15 @@ impl OutboxStoreConfig {
     /// Whether records survive a restart of the agent.
     pub fn is_durable(&self) -> bool {
         !matches!(self, OutboxStoreConfig::Memory(_))
+    }
+
+    /// Whether several agents (on several nodes) can share it: a database
+    /// service rather than a file or memory of one node.
+    pub fn is_shared(&self) -> bool {
+        matches!(
+            self,
+            OutboxStoreConfig::Dynamodb(_) | OutboxStoreConfig::Postgres(_)
+        )
     }
 
     /// `stale_claim_duration` with its default (`None` for the memory store, which has none).
@@ -128,6 +141,7 @@ impl LeaseStoreConfig {
             LeaseStoreConfig::Memory(_) => "memory",
             LeaseStoreConfig::Sqlite(_) => "sqlite",
             LeaseStoreConfig::Dynamodb(_) => "dynamodb",
+            LeaseStoreConfig::Postgres(_) => "postgres",
             LeaseStoreConfig::ControlPlane(_) => "control_plane",
         }
     }
@@ -145,6 +159,7 @@ impl DlqStoreConfig {
             DlqStoreConfig::Memory(_) => "memory",
             DlqStoreConfig::Sqlite(_) => "sqlite",
             DlqStoreConfig::Dynamodb(_) => "dynamodb",
+            DlqStoreConfig::Postgres(_) => "postgres",
             DlqStoreConfig::ControlPlane(_) => "control_plane",
         }
     }
@@ -251,21 +266,32 @@ pub struct DynamoDbOutboxOptions {
     pub stale_claim_duration: Option<Duration>,
 }
 
+/// Options of a `postgres` lease or DLQ store.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub struct PostgresOptions {
+    /// Connection URL, `postgres://user:password@host:port/database` (use `${VAR}` for the
+    /// password; `?sslmode=require` for TLS). Required; `dsn` is another name for it. A secret
+    /// (it holds the password): printed as `***`, shown with its password masked.
+    #[serde(default, alias = "dsn")]
+    pub url: Secret,
+    /// Schema of the store's tables, created if missing. Default `public`.
+    #[serde(default = "default_postgres_schema")]
+    pub schema: String,
+}
+
 /// Options of a `postgres` outbox.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct PostgresOutboxOptions {
     /// Connection URL, `postgres://user:password@host:port/database` (use `${VAR}` for the
-    /// password). Required. A secret (it holds the password): printed as `***`, shown with its
-    /// password masked.
-    #[serde(default)]
+    /// password; `?sslmode=require` for TLS). Required; `dsn` is another name for it. A secret
+    /// (it holds the password): printed as `***`, shown with its password masked.
+    #[serde(default, alias = "dsn")]
     pub url: Secret,
-    /// Schema of the outbox table. Default `public`.
+    /// Schema of the outbox's tables, created if missing. Default `public`.
     #[serde(default = "default_postgres_schema")]
     pub schema: String,
-    /// The outbox table. Default `ferry_outbox`.
-    #[serde(default = "default_postgres_table")]
-    pub table: String,
     /// After how long the owner's own unfinished claim is handed out again. Default 5m; must
     /// exceed every shared_outbox route's `send_timeout`.
     #[serde(default)]
@@ -324,6 +350,7 @@ absent_is_empty!(
     SqliteOutboxOptions,
     DynamoDbOptions,
     DynamoDbOutboxOptions,
+    PostgresOptions,
     PostgresOutboxOptions,
     ControlPlaneOptions,
 );
@@ -342,14 +369,9 @@ pub fn default_stale_claim_duration() -> Duration {
     Duration::from_secs(300)
 }
 
-/// Default PostgreSQL outbox schema.
+/// Default PostgreSQL schema.
 pub fn default_postgres_schema() -> String {
     "public".to_owned()
-}
-
-/// Default PostgreSQL outbox table.
-pub fn default_postgres_table() -> String {
-    "ferry_outbox".to_owned()
 }
 
 #[cfg(test)]

@@ -2,8 +2,13 @@
 
 use std::sync::Arc;
 
+use ferry_tests::postgres::TestDatabase;
+
 use super::{Guard, Harness, OutboxHarness, STALE};
 use crate::stores::memory::{MemoryDlqStore, MemoryLeaseStore, MemoryOutboxStore};
+use crate::stores::postgres::{
+    PostgresDlqStore, PostgresLeaseStore, PostgresOptions, PostgresOutboxStore,
+};
 use crate::stores::sqlite::{
     SqliteDlqStore, SqliteLeaseStore, SqliteOptions, SqliteOutboxStore, Synchronous,
 };
@@ -14,6 +19,19 @@ pub(crate) fn sqlite_options(dir: &tempfile::TempDir, file: &str) -> SqliteOptio
         stale_claim_duration: STALE,
         ..SqliteOptions::new(dir.path().join(file))
     }
+}
+
+/// A fresh database on the test server (`ferry_tests::postgres`), dropped
+/// with the guard, and the options of a store in it.
+pub(crate) async fn postgres_database() -> (PostgresOptions, TestDatabase) {
+    let database = TestDatabase::create()
+        .await
+        .expect("create a test database");
+    let options = PostgresOptions {
+        stale_claim_duration: STALE,
+        ..PostgresOptions::new(database.url().expect("database url"))
+    };
+    (options, database)
 }
 
 fn temp_dir() -> tempfile::TempDir {
@@ -64,6 +82,53 @@ impl OutboxHarness for SqliteOutboxStore {
 
     fn envelopes<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<usize>> {
         Box::pin(SqliteOutboxStore::envelopes(self, partition))
+    }
+}
+
+impl Harness for PostgresOutboxStore {
+    const DURABLE: bool = true;
+    fn reopen(self) -> BoxFuture<'static, Self> {
+        Box::pin(async move {
+            let options = self.options().clone();
+            drop(self);
+            PostgresOutboxStore::open(options)
+                .await
+                .expect("reopen outbox")
+        })
+    }
+}
+
+impl OutboxHarness for PostgresOutboxStore {
+    fn dump<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
+        Box::pin(PostgresOutboxStore::dump(self, partition))
+    }
+
+    fn envelopes<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<usize>> {
+        Box::pin(PostgresOutboxStore::envelopes(self, partition))
+    }
+}
+
+impl Harness for PostgresLeaseStore {
+    const DURABLE: bool = true;
+    fn reopen(self) -> BoxFuture<'static, Self> {
+        Box::pin(async move {
+            let options = self.options().clone();
+            drop(self);
+            PostgresLeaseStore::open(options)
+                .await
+                .expect("reopen leases")
+        })
+    }
+}
+
+impl Harness for PostgresDlqStore {
+    const DURABLE: bool = true;
+    fn reopen(self) -> BoxFuture<'static, Self> {
+        Box::pin(async move {
+            let options = self.options().clone();
+            drop(self);
+            PostgresDlqStore::open(options).await.expect("reopen dlq")
+        })
     }
 }
 
@@ -153,7 +218,32 @@ pub(crate) async fn sqlite_dlq() -> (SqliteDlqStore, Guard) {
     (store, Box::new(dir))
 }
 
+pub(crate) async fn postgres_outbox() -> (PostgresOutboxStore, Guard) {
+    let (options, database) = postgres_database().await;
+    let store = PostgresOutboxStore::open(options)
+        .await
+        .expect("open outbox");
+    (store, Box::new(database))
+}
+
+pub(crate) async fn postgres_lease() -> (PostgresLeaseStore, Guard) {
+    let (options, database) = postgres_database().await;
+    let store = PostgresLeaseStore::open(options)
+        .await
+        .expect("open leases");
+    (store, Box::new(database))
+}
+
+pub(crate) async fn postgres_dlq() -> (PostgresDlqStore, Guard) {
+    let (options, database) = postgres_database().await;
+    let store = PostgresDlqStore::open(options).await.expect("open dlq");
+    (store, Box::new(database))
+}
+
 super::outbox::outbox_conformance!(memory_outbox, memory_outbox);
+super::outbox::outbox_conformance!(postgres_outbox, postgres_outbox);
+crate::lease_conformance!(postgres_lease, postgres_lease);
+crate::dlq_conformance!(postgres_dlq, postgres_dlq);
 super::outbox::outbox_conformance!(sqlite_outbox, sqlite_outbox);
 crate::lease_conformance!(memory_lease, memory_lease);
 crate::lease_conformance!(sqlite_lease, sqlite_lease);

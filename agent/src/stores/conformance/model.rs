@@ -474,3 +474,13 @@ proptest! {
         run(super::sqlite_outbox_normal, ops)?;
     }
 }
+
+proptest! {
+    // A fresh database per case: fewer cases keep the suite fast.
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    #[test]
+    fn postgres_outbox_agrees_with_the_model(ops in proptest::collection::vec(op(), 1..60)) {
+        run(super::postgres_outbox, ops)?;
+    }
+}

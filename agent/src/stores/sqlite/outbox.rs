@@ -34,18 +34,15 @@
 //! cut makes a record pending again, so it is sent once more — at-least-once
 //! holds — while an acknowledged append lost would be a message lost.
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use ferry_shared::envelope::Envelope;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{Db, SqliteOptions, schema, sql_error, to_i64, to_u64};
-use crate::stores::outbox::{stale, validate_append};
+use crate::stores::outbox::{RawRecord, into_records, stale, validate_append};
 use crate::stores::{
-    BindingStats, BoxFuture, Claim, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release,
-    StoreError, StoreResult, from_unix_nanos, unix_nanos,
+    BoxFuture, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release, StoreResult,
+    from_unix_nanos, unix_nanos,
 };
 
 /// The columns of a record row, in [`raw_record`]'s order.
@@ -128,24 +125,6 @@ impl SqliteOutboxStore {
     }
 }
 
-/// A record row as stored, before its times are decoded and its envelope
-/// attached.
-struct RawRecord {
-    seq: i64,
-    msg: i64,
-    id: String,
-    binding: String,
-    address: String,
-    created_at: i64,
-    expires_at: Option<i64>,
-    claim_version: Option<i64>,
-    claim_owner: Option<String>,
-    claimed_at: Option<i64>,
-    replay_count: i64,
-    first_attempt_at: Option<i64>,
-    last_error: Option<String>,
-}
-
 fn raw_record(r: &Row<'_>) -> rusqlite::Result<RawRecord> {
     Ok(RawRecord {
         seq: r.get(0)?,
@@ -164,77 +143,22 @@ fn raw_record(r: &Row<'_>) -> rusqlite::Result<RawRecord> {
     })
 }
 
-impl RawRecord {
-    /// The row as a claim by `owner` under `version` at `now` leaves it.
-    fn state_claimed(&mut self, version: i64, owner: &str, now: i64) {
-        self.claim_version = Some(version);
-        self.claim_owner = Some(owner.to_owned());
-        self.claimed_at = Some(now);
-    }
-
-    fn into_record(self, partition: &str, envelope: Arc<Envelope>) -> StoreResult<OutboxRecord> {
-        let claim = match (self.claim_version, self.claim_owner, self.claimed_at) {
-            (Some(version), Some(owner), Some(at)) => Some(Claim {
-                version: to_u64(version)?,
-                owner,
-                claimed_at: from_unix_nanos(at)?,
-            }),
-            _ => None,
-        };
-        Ok(OutboxRecord {
-            partition: partition.to_owned(),
-            seq: to_u64(self.seq)?,
-            id: self.id,
-            binding: self.binding,
-            address: self.address,
-            envelope,
-            created_at: from_unix_nanos(self.created_at)?,
-            expires_at: self.expires_at.map(from_unix_nanos).transpose()?,
-            claim,
-            replay_count: u32::try_from(self.replay_count)
-                .map_err(|_| StoreError::Corrupt(format!("replay count {}", self.replay_count)))?,
-            first_attempt_at: self.first_attempt_at.map(from_unix_nanos).transpose()?,
-            last_error: self.last_error,
-        })
-    }
-}
-
 /// Turns rows into records in seq order, each message's envelope read and
 /// decoded once and shared by its records (invariant 4).
 fn with_envelopes(
     conn: &Connection,
     partition: &str,
-    mut rows: Vec<RawRecord>,
+    rows: Vec<RawRecord>,
 ) -> StoreResult<Vec<OutboxRecord>> {
-    rows.sort_unstable_by_key(|r| r.seq);
     let mut select = conn
         .prepare_cached("SELECT envelope FROM outbox_messages WHERE msg=?1")
         .map_err(sql_error)?;
-    let mut envelopes: HashMap<i64, Arc<Envelope>> = HashMap::new();
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let envelope = match envelopes.get(&row.msg) {
-            Some(e) => Arc::clone(e),
-            None => {
-                let bytes: Vec<u8> = select
-                    .query_row([row.msg], |r| r.get(0))
-                    .optional()
-                    .map_err(sql_error)?
-                    .ok_or_else(|| {
-                        StoreError::Corrupt(format!(
-                            "outbox record {partition}/{}: message {} is missing",
-                            row.seq, row.msg
-                        ))
-                    })?;
-                let envelope = Envelope::decode(&bytes).map_err(|e| {
-                    StoreError::Corrupt(format!("outbox message {partition}/{}: {e}", row.msg))
-                })?;
-                Arc::clone(envelopes.entry(row.msg).or_insert(Arc::new(envelope)))
-            }
-        };
-        out.push(row.into_record(partition, envelope)?);
-    }
-    Ok(out)
+    into_records(partition, rows, |msg| {
+        select
+            .query_row([msg], |r| r.get(0))
+            .optional()
+            .map_err(sql_error)
+    })
 }
 
 /// A partition's row.
@@ -671,7 +595,7 @@ fn stats(conn: &Connection, partition: &str) -> StoreResult<OutboxStats> {
             &mut stats.total,
             stats.bindings.entry(g.binding).or_default(),
         ] {
-            merge(s, g.claimed, g.count, oldest);
+            s.add_group(g.claimed, g.count, oldest);
         }
     }
     Ok(stats)
@@ -684,18 +608,6 @@ struct Group {
     count: u64,
     /// The lowest `created_at_ns`.
     oldest: i64,
-}
-
-fn merge(s: &mut BindingStats, claimed: bool, count: u64, oldest: SystemTime) {
-    s.depth += count;
-    if claimed {
-        s.claimed += count;
-    } else {
-        s.oldest_pending_created_at = Some(
-            s.oldest_pending_created_at
-                .map_or(oldest, |t| t.min(oldest)),
-        );
-    }
 }
 
 impl OutboxStore for SqliteOutboxStore {

@@ -12,34 +12,23 @@
 //! bounded number of times. A failure while committing is reported as
 //! `Unavailable` (it may or may not have been applied).
 //!
-//! TLS: `sslmode=disable` and `prefer` connect without TLS;
-//! `sslmode=require` is refused for now (the connector is chosen in one place,
-//! [`PostgresStore::connect`], where `tokio-postgres-rustls` will plug in).
+//! Connecting (TLS with rustls for `sslmode=require`, none for `disable` and
+//! `prefer`) and the recorded schema migrations are
+//! [`ferry_shared::postgres`]'s, shared with the agent's PostgreSQL stores.
 
-use std::str::FromStr;
-use std::time::Duration;
-
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
-use tokio_postgres::config::SslMode;
-use tokio_postgres::error::SqlState;
+use deadpool_postgres::Pool;
+use ferry_shared::postgres::{self, Migrations, PoolOptions, PostgresError};
 
 use super::error::{StateError, StateResult};
 
 /// Schema migrations, in order; the schema version is the number applied.
 const MIGRATIONS: &[&str] = &[include_str!("schema_v1.sql"), include_str!("schema_v2.sql")];
 
-/// Serializes schema migrations of replicas starting at once.
-const MIGRATION_LOCK: i64 = 0x0046_6572_7279; // "Ferry"
-
 /// How often a transaction is tried when it loses a race.
 pub(super) const MAX_ATTEMPTS: u32 = 8;
 
 /// Connections per store.
 const POOL_SIZE: usize = 16;
-
-/// How long to wait for a connection.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The PostgreSQL [`StateStore`].
 #[derive(Clone)]
@@ -89,72 +78,40 @@ impl PostgresStore {
     /// Connects to the database a `postgres://` URL names (libpq syntax) and
     /// brings its schema up to date.
     pub async fn connect(url: &str) -> StateResult<Self> {
-        let config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| StateError::invalid(format!("postgres url: {e}")))?;
-        if config.get_ssl_mode() == SslMode::Require {
-            return Err(StateError::invalid(
-                "postgres url: sslmode=require is not supported yet; use sslmode=disable",
-            ));
-        }
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(CONNECT_TIMEOUT))
-            .create_timeout(Some(CONNECT_TIMEOUT))
-            .build()
-            .map_err(|e| StateError::invalid(format!("postgres pool: {e}")))?;
+        let options = PoolOptions {
+            max_size: POOL_SIZE,
+            ..PoolOptions::default()
+        };
+        let pool = postgres::pool(url, &options).map_err(shared_err)?;
         let store = Self { pool };
-        store.migrate().await?;
+        let mut client = store.client().await?;
+        postgres::migrate(
+            &mut client,
+            &Migrations {
+                what: "the state database",
+                version_table: "ferry_schema",
+                steps: MIGRATIONS,
+                schema: None,
+            },
+        )
+        .await
+        .map_err(shared_err)?;
         Ok(store)
     }
 
     async fn client(&self) -> StateResult<deadpool_postgres::Object> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| StateError::Unavailable(format!("postgres connection: {e}")))
+        postgres::client(&self.pool).await.map_err(shared_err)
     }
+}
 
-    async fn migrate(&self) -> StateResult<()> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(db_err)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await
-            .map_err(db_err)?;
-        tx.batch_execute("CREATE TABLE IF NOT EXISTS ferry_schema (version BIGINT NOT NULL)")
-            .await
-            .map_err(db_err)?;
-        let applied: i64 = tx
-            .query_one("SELECT COALESCE(MAX(version), 0) FROM ferry_schema", &[])
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(db_err)?;
-        let applied = usize::try_from(applied)
-            .map_err(|_| StateError::corrupt(format!("schema version {applied}")))?;
-        if applied > MIGRATIONS.len() {
-            return Err(StateError::invalid(format!(
-                "the state database has schema version {applied}, newer than this build ({})",
-                MIGRATIONS.len()
-            )));
+/// A refusal or failure of the shared PostgreSQL plumbing as a state error.
+fn shared_err(error: PostgresError) -> StateError {
+    match error {
+        PostgresError::Invalid(_) | PostgresError::Newer { .. } => {
+            StateError::invalid(error.to_string())
         }
-        for (index, sql) in MIGRATIONS.iter().enumerate().skip(applied) {
-            tx.batch_execute(sql).await.map_err(db_err)?;
-            let version = index as i64 + 1;
-            tx.execute(
-                "INSERT INTO ferry_schema (version) VALUES ($1)",
-                &[&version],
-            )
-            .await
-            .map_err(db_err)?;
-        }
-        tx.commit().await.map_err(db_err)
+        PostgresError::Connect(_) => StateError::Unavailable(error.to_string()),
+        PostgresError::Db(e) => db_err(e),
     }
 }
 
@@ -204,24 +161,11 @@ pub(crate) mod testing;
 
 use query::{exec, pg, query_all, query_opt};
 
-/// Whether a transaction failed only because a concurrent one won.
-pub(super) fn lost_race(error: &tokio_postgres::Error) -> bool {
-    matches!(
-        error.code(),
-        Some(&SqlState::T_R_SERIALIZATION_FAILURE)
-            | Some(&SqlState::T_R_DEADLOCK_DETECTED)
-            | Some(&SqlState::UNIQUE_VIOLATION)
-    )
-}
+pub(super) use ferry_shared::postgres::lost_race;
 
 /// Maps a database error to what is known about the operation.
 pub(super) fn db_err(error: tokio_postgres::Error) -> StateError {
-    match error.as_db_error() {
-        Some(db) => {
-            StateError::Unavailable(format!("postgres: {}: {}", db.code().code(), db.message()))
-        }
-        None => StateError::Unavailable(format!("postgres: {error}")),
-    }
+    StateError::Unavailable(format!("postgres: {}", postgres::describe(&error)))
 }
 
 #[cfg(test)]

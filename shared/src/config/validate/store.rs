@@ -25,7 +25,18 @@ impl Validator<'_> {
             self.error(
                 "stores.lease.type",
                 format!(
-                    "a memory lease cannot back a durable {} outbox: memory fencing versions restart at zero after a restart, so every claim falls below the outbox's durable high-water mark, is rejected as stale, and the partition never drains again; use a durable lease (sqlite, dynamodb or control_plane)",
+                    "a memory lease cannot back a durable {} outbox: memory fencing versions restart at zero after a restart, so every claim falls below the outbox's durable high-water mark, is rejected as stale, and the partition never drains again; use a durable lease (sqlite, postgres, dynamodb or control_plane)",
+                    outbox.type_name()
+                ),
+            );
+        }
+        if let (Some(LeaseStoreConfig::Sqlite(_)), Some(outbox)) = (&stores.lease, &stores.outbox)
+            && outbox.is_shared()
+        {
+            self.error(
+                "stores.lease.type",
+                format!(
+                    "a sqlite lease cannot back a shared {} outbox: every agent running the bridge would keep its own lease, with versions from its own file, so two agents would drain one partition at once and fence each other out at random; and a node replaced with an empty file starts below the outbox's high-water mark and never drains again; use a shared lease (postgres, dynamodb or control_plane)",
                     outbox.type_name()
                 ),
             );
@@ -57,15 +68,7 @@ impl Validator<'_> {
                 self.optional_http(format!("{base}.endpoint_url"), o.endpoint_url.as_deref());
             }
             OutboxStoreConfig::Postgres(o) => {
-                let url = o.url.expose();
-                if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-                    self.error(
-                        format!("{base}.url"),
-                        "must be a postgres:// or postgresql:// URL",
-                    );
-                }
-                self.sql_identifier(format!("{base}.schema"), &o.schema);
-                self.sql_identifier(format!("{base}.table"), &o.table);
+                self.postgres(base, o.url.expose(), &o.schema);
             }
         }
         let Some(stale) = outbox.stale_claim_duration() else {
@@ -104,6 +107,7 @@ impl Validator<'_> {
                 self.non_empty(format!("{base}.table_name"), &o.table_name);
                 self.optional_http(format!("{base}.endpoint_url"), o.endpoint_url.as_deref());
             }
+            LeaseStoreConfig::Postgres(o) => self.postgres(base, o.url.expose(), &o.schema),
             LeaseStoreConfig::ControlPlane(o) => {
                 self.optional_http(format!("{base}.endpoint"), o.endpoint.as_deref());
             }
@@ -123,6 +127,7 @@ impl Validator<'_> {
                 self.non_empty(format!("{base}.table_name"), &o.table_name);
                 self.optional_http(format!("{base}.endpoint_url"), o.endpoint_url.as_deref());
             }
+            DlqStoreConfig::Postgres(o) => self.postgres(base, o.url.expose(), &o.schema),
             DlqStoreConfig::ControlPlane(o) => {
                 self.optional_http(format!("{base}.endpoint"), o.endpoint.as_deref());
             }
@@ -154,12 +159,19 @@ impl Validator<'_> {
         }
     }
 
+    /// A `postgres` store's `url` and `schema`.
+    fn postgres(&mut self, base: &str, url: &str, schema: &str) {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            self.error(
+                format!("{base}.url"),
+                "must be a postgres:// or postgresql:// URL",
+            );
+        }
+        self.sql_identifier(format!("{base}.schema"), schema);
+    }
+
     fn sql_identifier(&mut self, path: String, value: &str) {
-        let mut chars = value.chars();
-        let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-            && value.len() <= 63;
-        if !ok {
+        if !crate::postgres::is_identifier(value) {
             self.error(
                 path,
                 format!("\"{value}\" is not a plain SQL identifier (letters, digits and '_', at most 63)"),

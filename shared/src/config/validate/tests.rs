@@ -633,6 +633,37 @@ fn control_plane_lease_and_dlq_pair_with_a_durable_outbox() {
     }
 }
 
+/// A shared outbox outlives any node, and every agent running the bridge drains it: a lease
+/// kept in one node's file can neither be shared nor keep its versions when the node is
+/// replaced. Shared leases (postgres, control_plane) pair with it.
+#[test]
+fn a_shared_outbox_needs_a_shared_lease() {
+    let outbox = "type: postgres\noptions:\n  url: postgres://ferry@db/ferry\n";
+    let errs = errors(|c| {
+        c.stores.outbox = Some(yaml(outbox));
+        c.stores.lease = Some(yaml(
+            "type: sqlite\noptions:\n  path: /var/lib/ferry/lease.db\n",
+        ));
+    });
+    assert_only(
+        &errs,
+        "stores.lease.type",
+        "a sqlite lease cannot back a shared postgres outbox",
+    );
+    for lease in [
+        "type: postgres\noptions:\n  dsn: postgres://ferry@db/ferry\n  schema: ferry\n",
+        "type: control_plane\n",
+    ] {
+        let mut c = base();
+        c.stores.outbox = Some(yaml(outbox));
+        c.stores.lease = Some(yaml(lease));
+        c.stores.dlq = Some(yaml(
+            "type: postgres\noptions:\n  url: postgres://ferry@db/ferry\n",
+        ));
+        assert!(validate(&c).is_ok(), "{lease}: {:?}", validate(&c).err());
+    }
+}
+
 #[test]
 fn memory_outbox_needs_acknowledge_volatile() {
     let errs = errors(|c| {
@@ -680,8 +711,7 @@ fn store_options_are_checked() {
     let errs = errors(|c| {
         c.stores.outbox = Some(OutboxStoreConfig::Postgres(PostgresOutboxOptions {
             url: "mysql://x".into(),
-            schema: "public".into(),
-            table: "bad table".into(),
+            schema: "bad schema".into(),
             stale_claim_duration: None,
         }));
         c.stores.lease = Some(yaml(
@@ -692,7 +722,7 @@ fn store_options_are_checked() {
     assert_error(&errs, "stores.outbox.options.url", "postgres://");
     assert_error(
         &errs,
-        "stores.outbox.options.table",
+        "stores.outbox.options.schema",
         "not a plain SQL identifier",
     );
     assert_error(
