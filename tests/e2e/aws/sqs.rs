@@ -261,6 +261,99 @@ async fn a_fifo_queue_keeps_order_and_drops_duplicates_by_id() -> anyhow::Result
     Ok(())
 }
 
+/// MQTT into a FIFO queue through a SQLite outbox, two groups, the agent SIGKILLed while the
+/// outbox drains and started again: the queue holds every message exactly once, each group in
+/// publish order. The records the agent sent before the kill and sends again after it carry the
+/// same Ferry message id (the upstream `ferry-message-id`, trusted), which SQS uses as the
+/// deduplication id and drops.
+#[tokio::test]
+async fn a_fifo_queue_keeps_group_order_and_drops_replays_across_a_crash() -> anyhow::Result<()> {
+    const N: u64 = 40;
+    let case = Case::new().await?;
+    let (queue, url) = case
+        .aws
+        .queue("crash.fifo", &[(QueueAttributeName::FifoQueue, "true")])
+        .await?;
+    let sender = format!("queue_name: {queue}\n        message_group_id: \"{{header:device}}\"");
+    // Small batches and a short interval: the drain is still going when the agent dies.
+    let route = "    delivery_mode: shared_outbox\n    policy:\n      ack_after: outbox_persist\n    \
+                 session:\n      session_id: aws\n      sender_id: out\n      drain_interval: 100ms\n      \
+                 drain_batch_size: 2\n      lease_ttl: 3s\n";
+    let yaml = case.mqtt_to_aws("sqs", &sender, &queue, route).replace(
+        "        qos: 1\nsenders:",
+        "        qos: 1\n    trust_message_id: true\nsenders:",
+    );
+    let mut agent = case.agent(&yaml).await?;
+    let device = |seq: u64| format!("d-{}", seq % 2);
+    for seq in 0..N {
+        let options = PublishOptions {
+            user_properties: vec![
+                ("device".to_owned(), device(seq)),
+                ("ferry-message-id".to_owned(), format!("m-{seq}")),
+            ],
+            ..Default::default()
+        };
+        case.publish(seq..seq + 1, options).await?;
+    }
+    wait::until(DELIVERY, "the first messages in the queue", || {
+        let (aws, url) = (&case.aws, &url);
+        async move { aws.depth(url).await.is_ok_and(|(visible, _)| visible >= 4) }
+    })
+    .await?;
+    agent.kill()?;
+    let before_restart = case.aws.depth(&url).await?.0;
+    agent.restart()?;
+    agent.wait_ready(Duration::from_secs(30)).await?;
+
+    let mut received: Vec<(String, u64)> = Vec::new();
+    let deadline = tokio::time::Instant::now() + DELIVERY;
+    while received.len() < N as usize {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {N} messages after the restart: {received:?}",
+            received.len()
+        );
+        let out = case
+            .aws
+            .sqs
+            .receive_message()
+            .queue_url(&url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .message_attribute_names("All")
+            .send()
+            .await?;
+        for m in out.messages() {
+            let seq = ferry_tests::mqtt::parse_seq(m.body().unwrap_or_default().as_bytes())
+                .context("a numbered body")?;
+            received.push((attribute(m, "device").unwrap_or_default().to_owned(), seq));
+            if let Some(h) = m.receipt_handle() {
+                case.aws
+                    .sqs
+                    .delete_message()
+                    .queue_url(&url)
+                    .receipt_handle(h)
+                    .send()
+                    .await?;
+            }
+        }
+    }
+    // Anything sent twice would show up now (the replays are within SQS's 5-minute window).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    case.aws.wait_empty(&url).await?;
+    for group in ["d-0", "d-1"] {
+        let seqs: Vec<u64> = received
+            .iter()
+            .filter(|(d, _)| d == group)
+            .map(|(_, s)| *s)
+            .collect();
+        let want: Vec<u64> = (0..N).filter(|s| device(*s) == group).collect();
+        assert_eq!(seqs, want, "group {group}: every message once, in order");
+    }
+    eprintln!("{before_restart} of {N} messages were in the queue when the agent was killed");
+    Ok(())
+}
+
 /// The SQS endpoint is gone for ten seconds (moto killed, then started again empty on its
 /// port, the queue created anew) while MQTT messages keep coming: the route holds them, the
 /// session shows disconnected, nothing is dead-lettered, and once the endpoint is back every
