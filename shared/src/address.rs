@@ -238,26 +238,15 @@ mod tests {
     use prost::bytes::Bytes;
 
     use super::*;
-    use crate::envelope::{Source, TraceContext};
+    use crate::envelope::Source;
 
     fn envelope(headers: &[(&str, &str)]) -> Envelope {
-        Envelope {
-            id: "m1".into(),
-            headers: headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            payload: Bytes::new(),
-            content_type: None,
-            source: Source {
-                transport: "mqtt".into(),
-                session_id: "s".into(),
-                address: "in".into(),
-                received_at: SystemTime::UNIX_EPOCH,
-            },
-            expires_at: None,
-            trace: TraceContext::default(),
-        }
+        Envelope::new(
+            "m1",
+            Bytes::new(),
+            Source::new("mqtt", "s", "in", SystemTime::UNIX_EPOCH),
+        )
+        .with_headers(headers)
     }
 
     fn fill(template: &str, headers: &[(&str, &str)]) -> Result<String, TemplateError> {

@@ -62,6 +62,18 @@ pub struct Source {
     pub received_at: SystemTime,
 }
 
+impl Source {
+    /// A message's origin: the transport, the receiving session, the topic or queue, and when.
+    pub fn new(transport: &str, session_id: &str, address: &str, received_at: SystemTime) -> Self {
+        Source {
+            transport: transport.to_owned(),
+            session_id: session_id.to_owned(),
+            address: address.to_owned(),
+            received_at,
+        }
+    }
+}
+
 /// W3C trace context (`traceparent` / `tracestate`); both absent when the
 /// message is not traced.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -93,6 +105,30 @@ pub enum EnvelopeError {
 }
 
 impl Envelope {
+    /// A message with `id`, `payload` and its `source`, and nothing else yet: no headers,
+    /// content type, expiry or trace context (set them, or use struct-update syntax).
+    pub fn new(id: impl Into<String>, payload: impl Into<Bytes>, source: Source) -> Self {
+        Envelope {
+            id: id.into(),
+            headers: Vec::new(),
+            payload: payload.into(),
+            content_type: None,
+            source,
+            expires_at: None,
+            trace: TraceContext::default(),
+        }
+    }
+
+    /// The envelope with `headers` appended, in order.
+    pub fn with_headers(mut self, headers: &[(&str, &str)]) -> Self {
+        self.headers.extend(
+            headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        self
+    }
+
     /// The first value of header `key` (exact, case-sensitive match).
     pub fn header(&self, key: &str) -> Option<&str> {
         self.headers

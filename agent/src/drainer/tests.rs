@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use ferry_shared::config::{DrainPoll, FailureAction};
-use ferry_shared::envelope::{Envelope, Source, TraceContext};
+use ferry_shared::envelope::{Envelope, Source};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -54,19 +54,14 @@ impl Sender for Scripted {
 }
 
 fn envelope(payload: &str, expires_at: Option<SystemTime>) -> Envelope {
+    let source = Source::new("mqtt", "s", "in", SystemTime::now());
     Envelope {
-        id: uuid::Uuid::now_v7().to_string(),
-        headers: Vec::new(),
-        payload: payload.as_bytes().to_vec().into(),
-        content_type: None,
-        source: Source {
-            transport: "mqtt".into(),
-            session_id: "s".into(),
-            address: "in".into(),
-            received_at: SystemTime::now(),
-        },
         expires_at,
-        trace: TraceContext::default(),
+        ..Envelope::new(
+            uuid::Uuid::now_v7().to_string(),
+            payload.as_bytes().to_vec(),
+            source,
+        )
     }
 }
 

@@ -356,7 +356,7 @@ mod tests {
     use std::sync::Mutex;
 
     use ferry_shared::config::Duration as D;
-    use ferry_shared::envelope::{Source, TraceContext};
+    use ferry_shared::envelope::Source;
     use tokio::sync::{mpsc, watch};
 
     use super::*;
@@ -400,20 +400,11 @@ mod tests {
     }
 
     fn envelope() -> Envelope {
-        Envelope {
-            id: "m1".into(),
-            headers: Vec::new(),
-            payload: b"1".to_vec().into(),
-            content_type: None,
-            source: Source {
-                transport: "mqtt".into(),
-                session_id: "s".into(),
-                address: "in".into(),
-                received_at: SystemTime::now(),
-            },
-            expires_at: None,
-            trace: TraceContext::default(),
-        }
+        Envelope::new(
+            "m1",
+            b"1".to_vec(),
+            Source::new("mqtt", "s", "in", SystemTime::now()),
+        )
     }
 
     /// Runs one delivery through a route whose sender fails `failures` times; returns the

@@ -234,26 +234,14 @@ pub fn with_ttl(mut envelope: Envelope, ttl: Option<std::time::Duration>) -> Env
 mod tests {
     use std::time::SystemTime;
 
-    use ferry_shared::envelope::{Envelope, Source, TraceContext};
+    use ferry_shared::envelope::{Envelope, Source};
     use prost::bytes::Bytes;
 
     use super::delivery_dlq_id;
 
     fn envelope(id: &str, topic: &str, payload: &'static [u8]) -> Envelope {
-        Envelope {
-            id: id.into(),
-            headers: vec![("k".into(), "v".into())],
-            payload: Bytes::from_static(payload),
-            content_type: None,
-            source: Source {
-                transport: "mqtt".into(),
-                session_id: "in".into(),
-                address: topic.into(),
-                received_at: SystemTime::now(),
-            },
-            expires_at: None,
-            trace: TraceContext::default(),
-        }
+        let source = Source::new("mqtt", "in", topic, SystemTime::now());
+        Envelope::new(id, Bytes::from_static(payload), source).with_headers(&[("k", "v")])
     }
 
     #[test]

@@ -58,7 +58,7 @@ mod tests {
     use std::sync::Mutex;
     use std::time::SystemTime;
 
-    use ferry_shared::envelope::{Source, TraceContext};
+    use ferry_shared::envelope::Source;
     use prost::bytes::Bytes;
 
     use super::*;
@@ -82,23 +82,12 @@ mod tests {
     }
 
     fn envelope(headers: &[(&str, &str)]) -> Envelope {
-        Envelope {
-            id: "m".into(),
-            headers: headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            payload: Bytes::new(),
-            content_type: None,
-            source: Source {
-                transport: "mqtt".into(),
-                session_id: "s".into(),
-                address: "in".into(),
-                received_at: SystemTime::UNIX_EPOCH,
-            },
-            expires_at: None,
-            trace: TraceContext::default(),
-        }
+        Envelope::new(
+            "m",
+            Bytes::new(),
+            Source::new("mqtt", "s", "in", SystemTime::UNIX_EPOCH),
+        )
+        .with_headers(headers)
     }
 
     #[tokio::test]

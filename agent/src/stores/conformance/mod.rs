@@ -17,8 +17,7 @@
 use std::any::Any;
 use std::time::{Duration, SystemTime};
 
-use ferry_shared::envelope::{Envelope, Source, TraceContext};
-use prost::bytes::Bytes;
+use ferry_shared::envelope::{Envelope, Source};
 
 use super::BoxFuture;
 #[cfg(test)]
@@ -80,20 +79,8 @@ pub(crate) fn unique(prefix: &str) -> String {
 
 /// A small envelope whose payload names it.
 pub(crate) fn envelope(name: &str) -> Envelope {
-    Envelope {
-        id: unique("msg"),
-        headers: vec![("k".into(), name.into())],
-        payload: Bytes::from(name.as_bytes().to_vec()),
-        content_type: None,
-        source: Source {
-            transport: "mqtt".into(),
-            session_id: "in".into(),
-            address: "sensors/1".into(),
-            received_at: t(0),
-        },
-        expires_at: None,
-        trace: TraceContext::default(),
-    }
+    let source = Source::new("mqtt", "in", "sensors/1", t(0));
+    Envelope::new(unique("msg"), name.as_bytes().to_vec(), source).with_headers(&[("k", name)])
 }
 
 /// Instantiates `$suite`'s tests (listed in `$suite`'s macro) for a

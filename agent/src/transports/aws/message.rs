@@ -206,26 +206,11 @@ mod tests {
     use super::*;
 
     fn envelope(headers: &[(&str, &str)], payload: &'static [u8]) -> Envelope {
-        Envelope {
-            id: "id-1".into(),
-            headers: headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            payload: Bytes::from_static(payload),
-            content_type: None,
-            source: Source {
-                transport: "mqtt".into(),
-                session_id: "in".into(),
-                address: "a/b".into(),
-                received_at: SystemTime::UNIX_EPOCH,
-            },
-            expires_at: None,
-            trace: TraceContext {
-                traceparent: Some("00-abc-def-01".into()),
-                tracestate: None,
-            },
-        }
+        let source = Source::new("mqtt", "in", "a/b", SystemTime::UNIX_EPOCH);
+        let mut e =
+            Envelope::new("id-1", Bytes::from_static(payload), source).with_headers(headers);
+        e.trace.traceparent = Some("00-abc-def-01".into());
+        e
     }
 
     #[test]

@@ -150,32 +150,19 @@ impl Sender for NatsSender {
 mod tests {
     use std::time::UNIX_EPOCH;
 
-    use ferry_shared::envelope::{MESSAGE_ID_HEADER, Source, TraceContext};
+    use ferry_shared::envelope::{MESSAGE_ID_HEADER, Source};
     use prost::bytes::Bytes;
 
     use super::*;
 
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
     fn envelope(headers: &[(&str, &str)]) -> Envelope {
-        Envelope {
-            id: "id-1".into(),
-            headers: headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            payload: Bytes::new(),
-            content_type: Some("application/json".into()),
-            source: Source {
-                transport: "mqtt".into(),
-                session_id: "s".into(),
-                address: "in".into(),
-                received_at: UNIX_EPOCH,
-            },
-            expires_at: None,
-            trace: TraceContext {
-                traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
-                tracestate: None,
-            },
-        }
+        let source = Source::new("mqtt", "s", "in", UNIX_EPOCH);
+        let mut e = Envelope::new("id-1", Bytes::new(), source).with_headers(headers);
+        e.content_type = Some("application/json".into());
+        e.trace.traceparent = Some(TRACEPARENT.into());
+        e
     }
 
     #[test]

@@ -69,34 +69,25 @@ pub(crate) fn properties_for(
 mod tests {
     use std::time::Duration;
 
-    use ferry_shared::envelope::{MESSAGE_ID_HEADER, Source, TraceContext};
+    use ferry_shared::envelope::{MESSAGE_ID_HEADER, Source};
     use prost::bytes::Bytes;
 
     use super::*;
 
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
     fn envelope() -> Envelope {
-        Envelope {
-            id: "id-1".into(),
-            headers: vec![
-                ("site".into(), "eu".into()),
-                ("tag".into(), "a".into()),
-                ("tag".into(), "b".into()),
-                (MESSAGE_ID_HEADER.into(), "forged".into()),
-            ],
-            payload: Bytes::new(),
-            content_type: Some("application/json".into()),
-            source: Source {
-                transport: "mqtt".into(),
-                session_id: "s".into(),
-                address: "in".into(),
-                received_at: UNIX_EPOCH + Duration::from_secs(1_700_000_000),
-            },
-            expires_at: None,
-            trace: TraceContext {
-                traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
-                tracestate: None,
-            },
-        }
+        let at = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut e = Envelope::new("id-1", Bytes::new(), Source::new("mqtt", "s", "in", at))
+            .with_headers(&[
+                ("site", "eu"),
+                ("tag", "a"),
+                ("tag", "b"),
+                (MESSAGE_ID_HEADER, "forged"),
+            ]);
+        e.content_type = Some("application/json".into());
+        e.trace.traceparent = Some(TRACEPARENT.into());
+        e
     }
 
     fn header<'a>(p: &'a BasicProperties, key: &str) -> Option<&'a AMQPValue> {
