@@ -143,14 +143,15 @@ impl Aws {
     }
 
     /// Receives (and deletes) from `url` until every number of `seqs` arrived; returns the
-    /// messages by number (the first copy of each) and how many copies arrived in all.
+    /// messages by number (the first copy of each) and the number of every copy in arrival
+    /// order.
     pub async fn drain(
         &self,
         url: &str,
         seqs: std::ops::Range<u64>,
-    ) -> anyhow::Result<(BTreeMap<u64, Message>, usize)> {
+    ) -> anyhow::Result<(BTreeMap<u64, Message>, Vec<u64>)> {
         let mut got = BTreeMap::new();
-        let mut copies = 0;
+        let mut arrivals = Vec::new();
         let deadline = tokio::time::Instant::now() + DELIVERY;
         while !seqs.clone().all(|s| got.contains_key(&s)) {
             anyhow::ensure!(
@@ -181,11 +182,11 @@ impl Aws {
                 }
                 let seq = parse_seq(m.body().unwrap_or_default().as_bytes())
                     .with_context(|| format!("unexpected body {:?}", m.body()))?;
-                copies += 1;
+                arrivals.push(seq);
                 got.entry(seq).or_insert_with(|| m.clone());
             }
         }
-        Ok((got, copies))
+        Ok((got, arrivals))
     }
 }
 
