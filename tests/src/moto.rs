@@ -94,58 +94,38 @@ impl Moto {
         &self.endpoint
     }
 
-    /// An SQS client for this server.
-    pub fn sqs(&self) -> aws_sdk_sqs::Client {
-        use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
-        let config = aws_sdk_sqs::Config::builder()
+    /// The SDK configuration every client of this server shares: region, static credentials,
+    /// endpoint.
+    fn sdk_config(&self) -> aws_config::SdkConfig {
+        use aws_config::{BehaviorVersion, Region};
+        use aws_sdk_sqs::config::{Credentials, SharedCredentialsProvider};
+        aws_config::SdkConfig::builder()
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new(REGION))
-            .credentials_provider(Credentials::new(
+            .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
                 ACCESS_KEY_ID,
                 SECRET_ACCESS_KEY,
                 None,
                 None,
                 "ferry-tests",
-            ))
+            )))
             .endpoint_url(&self.endpoint)
-            .build();
-        aws_sdk_sqs::Client::from_conf(config)
+            .build()
+    }
+
+    /// An SQS client for this server.
+    pub fn sqs(&self) -> aws_sdk_sqs::Client {
+        aws_sdk_sqs::Client::new(&self.sdk_config())
     }
 
     /// An SNS client for this server.
     pub fn sns(&self) -> aws_sdk_sns::Client {
-        use aws_sdk_sns::config::{BehaviorVersion, Credentials, Region};
-        let config = aws_sdk_sns::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new(REGION))
-            .credentials_provider(Credentials::new(
-                ACCESS_KEY_ID,
-                SECRET_ACCESS_KEY,
-                None,
-                None,
-                "ferry-tests",
-            ))
-            .endpoint_url(&self.endpoint)
-            .build();
-        aws_sdk_sns::Client::from_conf(config)
+        aws_sdk_sns::Client::new(&self.sdk_config())
     }
 
     /// A DynamoDB client for this server.
     pub fn dynamodb(&self) -> aws_sdk_dynamodb::Client {
-        use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
-        let config = aws_sdk_dynamodb::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .region(Region::new(REGION))
-            .credentials_provider(Credentials::new(
-                ACCESS_KEY_ID,
-                SECRET_ACCESS_KEY,
-                None,
-                None,
-                "ferry-tests",
-            ))
-            .endpoint_url(&self.endpoint)
-            .build();
-        aws_sdk_dynamodb::Client::from_conf(config)
+        aws_sdk_dynamodb::Client::new(&self.sdk_config())
     }
 
     /// The environment that points an AWS SDK in a child process (such as `ferry-agent`) at

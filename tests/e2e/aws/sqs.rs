@@ -10,8 +10,7 @@ use ferry_shared::api::v1 as pb;
 use ferry_tests::moto::Moto;
 use ferry_tests::{PublishOptions, wait};
 
-use super::support::{Aws, Case, DELIVERY, DIRECT, TRACE_ID, TRACEPARENT, attribute};
-use crate::agent_support::dlq_client;
+use super::support::{Aws, Case, DELIVERY, DIRECT, TRACE_ID, attribute, the_one_dlq_entry};
 
 const FAN_OUT: &str = "    delivery_mode: shared_outbox\n    dispatch_mode: fan_out\n    session:\n      session_id: dst\n      sender_id: out\n      drain_interval: 200ms\n      drain_batch_size: 100\n      lease_ttl: 3s\n      step_down_grace: 2s\n";
 
@@ -58,22 +57,8 @@ async fn mqtt_to_sqs_keeps_headers() -> anyhow::Result<()> {
     let (queue, url) = case.aws.queue("in", &[]).await?;
     let yaml = case.mqtt_to_aws("sqs", &format!("queue_name: {queue}"), &url, DIRECT);
     let _agent = case.agent(&yaml).await?;
-    let headers = PublishOptions {
-        user_properties: vec![
-            ("site".into(), "north".into()),
-            ("traceparent".into(), TRACEPARENT.into()),
-        ],
-        ..Default::default()
-    };
-    case.publish(0..N, headers).await?;
-    let (got, copies) = case.aws.drain(&url, 0..N).await?;
-    assert_eq!(copies.len() as u64, N, "each message once");
+    let got = case.publish_traced_and_drain(&url, N).await?;
     for (seq, m) in &got {
-        assert_eq!(attribute(m, "site"), Some("north"), "{seq}: {m:?}");
-        assert!(
-            attribute(m, "traceparent").is_some_and(|tp| tp.contains(TRACE_ID)),
-            "{seq}: {m:?}"
-        );
         assert!(
             attribute(m, "ferry-message-id").is_some_and(|id| !id.is_empty()),
             "{seq}: {m:?}"
@@ -106,30 +91,9 @@ async fn a_bad_entry_is_dead_lettered_and_the_rest_sent() -> anyhow::Result<()> 
         "each good message once: {:?}",
         got.keys()
     );
-    let entries = wait::until_ok(DELIVERY, "one DLQ entry", || async {
-        let entries = dlq_client(&agent)
-            .await?
-            .list_dlq_entries(pb::ListDlqEntriesRequest {
-                omit_payload: true,
-                ..Default::default()
-            })
-            .await?
-            .into_inner()
-            .entries;
-        anyhow::ensure!(entries.len() == 1, "{entries:?}");
-        Ok(entries)
-    })
-    .await?;
-    assert_eq!(
-        entries[0].reason,
-        pb::DlqReason::Oversized as i32,
-        "{entries:?}"
-    );
-    assert!(
-        entries[0].last_error.contains("262144"),
-        "{}",
-        entries[0].last_error
-    );
+    let entry = the_one_dlq_entry(&agent).await?;
+    assert_eq!(entry.reason, pb::DlqReason::Oversized as i32, "{entry:?}");
+    assert!(entry.last_error.contains("262144"), "{}", entry.last_error);
     case.aws.wait_empty(&url).await?;
     Ok(())
 }
@@ -395,26 +359,16 @@ async fn a_poison_message_reaches_ferrys_dlq_before_the_redrive_policy() -> anyh
     let collector = case.collector().await?;
     let yaml = case.sqs_to_mqtt(&queue, &[], DIRECT, &["x"]);
     let agent = case.agent(&yaml).await?;
-    let entries = wait::until_ok(DELIVERY, "one DLQ entry", || async {
-        let entries = dlq_client(&agent)
-            .await?
-            .list_dlq_entries(pb::ListDlqEntriesRequest::default())
-            .await?
-            .into_inner()
-            .entries;
-        anyhow::ensure!(entries.len() == 1, "{entries:?}");
-        Ok(entries)
-    })
-    .await?;
+    let entry = the_one_dlq_entry(&agent).await?;
     assert_eq!(
-        entries[0].reason,
+        entry.reason,
         pb::DlqReason::ReplayExhausted as i32,
-        "{entries:?}"
+        "{entry:?}"
     );
     assert!(
-        entries[0].last_error.contains("received 3 times"),
+        entry.last_error.contains("received 3 times"),
         "{}",
-        entries[0].last_error
+        entry.last_error
     );
     case.aws.send_seq(&url, 1..2).await?;
     collector

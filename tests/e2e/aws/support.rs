@@ -8,11 +8,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
+use ferry_shared::api::v1 as pb;
 use ferry_tests::agent::Agent;
 use ferry_tests::moto::Moto;
 use ferry_tests::mqtt::{QoS, parse_seq};
 use ferry_tests::{Collector, Mosquitto, PublishOptions, ids, publish_seq_with, wait};
 use tempfile::TempDir;
+
+use crate::agent_support::dlq_client;
 
 /// How long a test waits for deliveries.
 pub const DELIVERY: Duration = Duration::from_secs(60);
@@ -335,10 +338,56 @@ impl Case {
         .await
     }
 
+    /// Publishes `0..n` with a `site` header and the publisher's `traceparent`, reads `url` to
+    /// the end, and checks that each message arrived once carrying both as attributes.
+    pub async fn publish_traced_and_drain(
+        &self,
+        url: &str,
+        n: u64,
+    ) -> anyhow::Result<BTreeMap<u64, Message>> {
+        let headers = PublishOptions {
+            user_properties: vec![
+                ("site".into(), "north".into()),
+                ("traceparent".into(), TRACEPARENT.into()),
+            ],
+            ..Default::default()
+        };
+        self.publish(0..n, headers).await?;
+        let (got, copies) = self.aws.drain(url, 0..n).await?;
+        assert_eq!(copies.len() as u64, n, "each message once");
+        for (seq, m) in &got {
+            assert_eq!(attribute(m, "site"), Some("north"), "{seq}: {m:?}");
+            assert!(
+                attribute(m, "traceparent").is_some_and(|tp| tp.contains(TRACE_ID)),
+                "{seq}: {m:?}"
+            );
+        }
+        Ok(got)
+    }
+
     /// Starts an agent on `yaml` with moto's environment and waits until it is ready.
     pub async fn agent(&self, yaml: &str) -> anyhow::Result<Agent> {
         let mut agent = Agent::start_with_env(self.dir.path(), yaml, self.aws.env.clone())?;
         agent.wait_ready(Duration::from_secs(30)).await?;
         Ok(agent)
     }
+}
+
+/// Waits until `agent`'s DLQ holds exactly one entry, and returns it.
+pub async fn the_one_dlq_entry(agent: &Agent) -> anyhow::Result<pb::DlqEntry> {
+    let mut entries = wait::until_ok(DELIVERY, "one DLQ entry", || async {
+        let entries = dlq_client(agent)
+            .await?
+            .list_dlq_entries(pb::ListDlqEntriesRequest {
+                omit_payload: true,
+                ..Default::default()
+            })
+            .await?
+            .into_inner()
+            .entries;
+        anyhow::ensure!(entries.len() == 1, "{entries:?}");
+        Ok(entries)
+    })
+    .await?;
+    Ok(entries.remove(0))
 }
