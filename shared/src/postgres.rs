@@ -13,7 +13,10 @@
 //! 3. With a `schema`, every pooled connection starts with `search_path` set
 //!    to it (a startup option), so statements name tables unqualified and one
 //!    database can hold several independent sets of tables.
-//! 4. [`migrate`] applies the missing steps and records each version in the
+//! 4. [`connect`] opens one unpooled connection with the same TLS rule, for a
+//!    caller that needs the server's notifications (`LISTEN`); a task drives
+//!    it and forwards them, and ends with the connection.
+//! 5. [`migrate`] applies the missing steps and records each version in the
 //!    same transaction (all or nothing), under an advisory lock so that
 //!    processes starting at once migrate one after the other; a database
 //!    whose recorded version is newer than the steps known is refused and
@@ -24,9 +27,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Notification};
 
 use crate::config::secret::mask_url;
 
@@ -143,6 +148,51 @@ fn tls_config() -> Result<rustls::ClientConfig, PostgresError> {
     .map_err(|e| PostgresError::Invalid(format!("tls: {e}")))?
     .with_root_certificates(roots)
     .with_no_client_auth())
+}
+
+/// The notifications of a connection opened by [`connect`]; closed when the
+/// connection ends.
+pub type Notifications = mpsc::UnboundedReceiver<Notification>;
+
+/// One connection (not pooled) as `config` describes, with rustls when its
+/// `sslmode` is `require` (as [`pool`]). A spawned task drives the connection
+/// and forwards its notifications.
+pub async fn connect(
+    config: &tokio_postgres::Config,
+) -> Result<(Client, Notifications), PostgresError> {
+    if config.get_ssl_mode() == SslMode::Require {
+        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config()?);
+        let (client, connection) = config.connect(tls).await?;
+        Ok((client, drive(connection)))
+    } else {
+        let (client, connection) = config.connect(NoTls).await?;
+        Ok((client, drive(connection)))
+    }
+}
+
+fn drive<S, T>(mut connection: tokio_postgres::Connection<S, T>) -> Notifications
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    // A receiver that is gone only stops caring about notifications.
+                    tx.send(n).ok();
+                }
+                Some(Ok(_)) => {}
+                Some(Err(error)) => {
+                    tracing::debug!(%error, "postgres connection ended");
+                    break;
+                }
+                None => break,
+            }
+        }
+    });
+    rx
 }
 
 /// A connection from `pool`; a failure is [`PostgresError::Connect`].

@@ -8,7 +8,10 @@
 //!   means the source redelivers.
 //! - A transient failure is retried in process with exponential backoff and
 //!   full jitter while `send_retry_budget` lasts; then, or at once on a
-//!   permanent error, `on_permanent_failure` applies.
+//!   permanent error, `on_permanent_failure` applies. Except that a delivery
+//!   whose source retries by itself (`Delivery::source_retries`, an outbox
+//!   table) is settled `Failed` when the budget is spent: the source counts
+//!   the failure, tries again later and dead-letters it past its own limit.
 //! - **Only time the destination could be tried spends the budget.** While
 //!   the sender's session is disconnected a delivery waits for it (no
 //!   attempt, no backoff, no budget); a backoff sleep ends early when the
@@ -127,6 +130,7 @@ impl Running {
             envelope,
             defect,
             redelivered,
+            source_retries,
             settle,
         } = delivery;
         let route = &self.route;
@@ -152,7 +156,7 @@ impl Running {
                 )
                 .await
             }
-            None => self.deliver(&envelope, &shutdown).await,
+            None => self.deliver(&envelope, source_retries, &shutdown).await,
         };
         settle.settle(outcome);
         if outcome.acknowledges() {
@@ -165,7 +169,12 @@ impl Running {
     }
 
     /// Sends with retries; returns the outcome to settle with.
-    async fn deliver(&self, envelope: &Envelope, shutdown: &CancellationToken) -> Outcome {
+    async fn deliver(
+        &self,
+        envelope: &Envelope,
+        source_retries: bool,
+        shutdown: &CancellationToken,
+    ) -> Outcome {
         let route = &self.route;
         let address = Address::new(route.binding.address.clone());
         let mut connected = route.sender.connected();
@@ -252,6 +261,10 @@ impl Running {
                 continue;
             }
             let delay = backoff.next_delay();
+            if budget.spent() + delay > budget.limit && source_retries {
+                tracing::debug!(route = %route.identity.route_id, message_id = %envelope.id, %error, "send failed past the retry budget; left to the source's retries");
+                return Outcome::Failed;
+            }
             if budget.spent() + delay > budget.limit {
                 let failure = Failure {
                     reason: DlqReason::ReplayExhausted,
@@ -412,13 +425,14 @@ mod tests {
     async fn run_one(
         failures: u32,
     ) -> (Outcome, crate::metrics::BindingCounts, Arc<MemoryDlqStore>) {
-        run_with(failures, watch::channel(true).1).await
+        run_with(failures, watch::channel(true).1, false).await
     }
 
     /// [`run_one`] with the sender's session state given.
     async fn run_with(
         failures: u32,
         connected: watch::Receiver<bool>,
+        source_retries: bool,
     ) -> (Outcome, crate::metrics::BindingCounts, Arc<MemoryDlqStore>) {
         let metrics = Metrics::new();
         let dlq = Arc::new(MemoryDlqStore::new());
@@ -452,6 +466,7 @@ mod tests {
             envelope: envelope(),
             defect: None,
             redelivered: false,
+            source_retries,
             settle: SettleHandle::new(move |o| {
                 settled_tx.send(o).ok();
             }),
@@ -487,7 +502,7 @@ mod tests {
             up.send(true).ok();
             up
         });
-        let (outcome, counts, dlq) = run_with(0, connected).await;
+        let (outcome, counts, dlq) = run_with(0, connected, false).await;
         assert_eq!(outcome, Outcome::Sent);
         assert_eq!((counts.sent, counts.dead_lettered), (1, 0));
         let stats = dlq.stats(&DlqFilter::default()).await.expect("stats");
@@ -512,5 +527,19 @@ mod tests {
         );
         assert_eq!(page.entries[0].reason, DlqReason::ReplayExhausted);
         assert!(page.entries[0].attempts > 1);
+    }
+
+    /// A source with retries of its own (an outbox table) gets the delivery back unacknowledged
+    /// when the budget is spent, and nothing is dead-lettered or counted as finished.
+    #[tokio::test]
+    async fn an_exhausted_budget_is_left_to_a_source_that_retries() {
+        let (outcome, counts, dlq) = run_with(u32::MAX, watch::channel(true).1, true).await;
+        assert_eq!(outcome, Outcome::Failed);
+        assert_eq!(
+            (counts.received, counts.sent, counts.dead_lettered),
+            (0, 0, 0)
+        );
+        let stats = dlq.stats(&DlqFilter::default()).await.expect("stats");
+        assert_eq!(stats.total, 0);
     }
 }

@@ -326,6 +326,7 @@ impl Running {
             defect,
             redelivered,
             settle,
+            ..
         } = delivery;
         if redelivered {
             w.route_metrics.redelivered();

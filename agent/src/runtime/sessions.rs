@@ -23,7 +23,7 @@ use super::{BuildError, Deps, settings};
 use crate::transports::aws::AwsSession;
 use crate::transports::mqtt::{MqttSenderSettings, MqttSession, SettingsError};
 use crate::transports::nats::{NatsSenderSettings, NatsSession};
-use crate::transports::postgres_table::TableSession;
+use crate::transports::outbox_table::TableSession;
 use crate::transports::rabbitmq::{RabbitmqSenderSettings, RabbitmqSession};
 use crate::transports::{Address, Receiver, SendError, SendFuture, Sender, Session};
 
@@ -77,7 +77,9 @@ pub(crate) fn check(
             sends_only(session, feed)?;
             NatsSession::check(&settings::nats_session(session)?).map_err(|e| refused(session, e))
         }
-        Transport::PostgresTable => table_receiver(session, feed).map(|_| ()),
+        Transport::PostgresTable | Transport::MysqlTable => {
+            table_receiver(session, feed).map(|_| ())
+        }
     }
 }
 
@@ -110,7 +112,7 @@ pub(crate) fn start(
                 receiver: None,
             })
         }
-        Transport::PostgresTable => {
+        Transport::PostgresTable | Transport::MysqlTable => {
             let (session, receiver) = TableSession::start(table_receiver(session, feed)?, token);
             Ok(Started {
                 session: Box::new(session),
@@ -124,12 +126,12 @@ pub(crate) fn start(
 fn table_receiver(
     session: &SessionConfig,
     feed: &[(&ReceiverConfig, &Route)],
-) -> Result<crate::transports::postgres_table::TableSettings, BuildError> {
+) -> Result<crate::transports::outbox_table::TableSettings, BuildError> {
     match feed.first() {
-        Some((r, _)) => settings::postgres_table(session, r),
+        Some((r, _)) => settings::outbox_table(session, r),
         None => Err(BuildError::Unsupported(format!(
-            "session {}: a postgres_table session needs the receiver of a route",
-            session.id
+            "session {}: a {} session needs the receiver of a route",
+            session.id, session.transport
         ))),
     }
 }
@@ -295,7 +297,7 @@ impl Sender for ReceiveOnly {
     ) -> SendFuture<'a> {
         Box::pin(async {
             Err(SendError::Permanent(
-                "Ferry does not send to a postgres_table session".into(),
+                "Ferry does not send to an outbox-table session".into(),
             ))
         })
     }

@@ -32,7 +32,7 @@ use crate::transports::mqtt::{
     MQTT_MAX_PACKET_BYTES, MqttReceiverSettings, MqttSessionSettings, Protocol, Qos,
 };
 use crate::transports::nats::{NatsAuth, NatsSettings};
-use crate::transports::postgres_table::TableSettings;
+use crate::transports::outbox_table::{Columns, Database, TableSettings};
 use crate::transports::rabbitmq::RabbitmqSettings;
 
 /// The default largest MQTT packet; raised for routes that accept larger
@@ -69,43 +69,63 @@ pub(super) fn rabbitmq_session(session: &Session) -> Result<RabbitmqSettings, Bu
     Ok(s)
 }
 
-/// An outbox-table session's settings with its receiver's table.
-pub(super) fn postgres_table(
+/// An outbox-table receiver's settings: its session's connection and its own options, with
+/// the documented defaults.
+pub(super) fn outbox_table(
     session: &Session,
     receiver: &Receiver,
 ) -> Result<TableSettings, BuildError> {
-    let p = session
-        .postgres_table()
-        .ok_or_else(|| not_this_transport(session))?;
+    let p = session.table().ok_or_else(|| not_this_transport(session))?;
     let table = receiver
         .table
         .clone()
         .ok_or_else(|| BuildError::Unsupported(format!("receiver {}: no table", receiver.id)))?;
-    // `postgres://host[:port]/database`, checked by the validator.
-    let rest = p.url.split_once("://").map_or(p.url.as_str(), |(_, r)| r);
-    let (authority, database) = rest.split_once('/').unwrap_or((rest, ""));
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, port)) => (h, port.parse().unwrap_or(DEFAULT_POSTGRES_PORT)),
-        None => (authority, DEFAULT_POSTGRES_PORT),
+    let database = match p.transport {
+        Transport::MysqlTable => Database::Mysql,
+        _ => Database::Postgres,
+    };
+    let mut columns = Columns::default();
+    if let Some(names) = &receiver.columns {
+        for (slot, name) in [
+            (&mut columns.id, &names.id),
+            (&mut columns.aggregate_type, &names.aggregate_type),
+            (&mut columns.aggregate_id, &names.aggregate_id),
+            (&mut columns.event, &names.event),
+            (&mut columns.payload, &names.payload),
+            (&mut columns.sent_at, &names.sent_at),
+            (&mut columns.retry_count, &names.retry_count),
+            (&mut columns.retry_at, &names.retry_at),
+        ] {
+            if let Some(name) = name {
+                slot.clone_from(name);
+            }
+        }
+    }
+    let get = |d: Option<ferry_shared::config::Duration>, default: Duration| {
+        d.map_or(default, |d| d.get())
     };
     Ok(TableSettings {
         name: session.id.clone(),
-        host: host.to_owned(),
-        port,
-        database: database.to_owned(),
+        database,
+        url: p.url,
         username: p.username,
         password: p.password,
         table,
-        poll_interval: receiver
-            .poll_interval
-            .map_or(DEFAULT_POLL_INTERVAL, |d| d.get()),
+        columns,
+        poll_interval: get(receiver.poll_interval, Duration::from_secs(1)),
         batch_size: receiver.batch_size.unwrap_or(DEFAULT_BATCH_SIZE),
+        claim_ttl: get(receiver.claim_ttl, Duration::from_secs(30)),
+        max_retries: receiver.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
+        retry_backoff: get(receiver.retry_backoff, Duration::from_secs(1)),
+        retry_backoff_max: get(receiver.retry_backoff_max, Duration::from_secs(600)),
+        on_sent: receiver.on_sent.unwrap_or_default(),
+        retention: receiver.retention.map(|d| d.get()),
+        notify_channel: receiver.notify_channel.clone(),
     })
 }
 
-const DEFAULT_POSTGRES_PORT: u16 = 5432;
-const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 const DEFAULT_BATCH_SIZE: u32 = 100;
+const DEFAULT_MAX_RETRIES: u32 = 10;
 
 /// A NATS session's settings.
 pub(super) fn nats_session(session: &Session) -> Result<NatsSettings, BuildError> {
@@ -194,7 +214,11 @@ pub(super) fn aws_session(session: &Session) -> Result<AwsSessionSettings, Build
     let service = match session.transport {
         Transport::Sqs => Service::Sqs,
         Transport::Sns => Service::Sns,
-        Transport::Mqtt | Transport::Rabbitmq | Transport::Nats | Transport::PostgresTable => {
+        Transport::Mqtt
+        | Transport::Rabbitmq
+        | Transport::Nats
+        | Transport::PostgresTable
+        | Transport::MysqlTable => {
             return Err(BuildError::Session(format!(
                 "session {}: not an AWS session",
                 session.id

@@ -38,7 +38,7 @@ pub(crate) mod backoff;
 pub(crate) mod headers;
 pub mod mqtt;
 pub mod nats;
-pub mod postgres_table;
+pub mod outbox_table;
 pub mod rabbitmq;
 
 /// The future [`Sender::send`] returns.
@@ -160,6 +160,12 @@ pub struct Delivery {
     /// delivery of it was not acknowledged. Counted, so duplicates caused
     /// upstream of Ferry's sends show as such.
     pub redelivered: bool,
+    /// The source schedules retries of its own (an outbox table's `retry_at`): a transient
+    /// failure that outlasts `direct_hold`'s `send_retry_budget` settles the delivery
+    /// [`Outcome::Failed`] (not acknowledged) instead of applying `on_permanent_failure`, and
+    /// the source dead-letters it once its own retries are spent
+    /// ([`Defect::RetriesExhausted`]).
+    pub source_retries: bool,
     /// Settles the delivery at the source.
     pub settle: SettleHandle,
 }
@@ -171,6 +177,7 @@ impl fmt::Debug for Delivery {
             .field("address", &self.envelope.source.address)
             .field("defect", &self.defect)
             .field("redelivered", &self.redelivered)
+            .field("source_retries", &self.source_retries)
             .finish_non_exhaustive()
     }
 }
@@ -201,16 +208,28 @@ pub enum Defect {
         /// The most receives allowed.
         limit: u32,
     },
+    /// The source retried it as often as it allows (an outbox table's `retry_count` reached
+    /// `max_retries`): dead-lettered by Ferry so it stops holding back what follows it.
+    #[error("failed {retries} times, the limit is {limit}")]
+    RetriesExhausted {
+        /// Failed deliveries so far.
+        retries: u32,
+        /// The most failures allowed.
+        limit: u32,
+    },
 }
 
 impl Defect {
     /// The reason a defective message is dead-lettered with: `oversized` for
     /// [`Defect::Oversized`], `replay_exhausted` for
-    /// [`Defect::TooManyReceives`], `permanent_error` for the rest.
+    /// [`Defect::TooManyReceives`] and [`Defect::RetriesExhausted`], `permanent_error` for the
+    /// rest.
     pub fn dlq_reason(&self) -> crate::stores::DlqReason {
         match self {
             Defect::Oversized { .. } => crate::stores::DlqReason::Oversized,
-            Defect::TooManyReceives { .. } => crate::stores::DlqReason::ReplayExhausted,
+            Defect::TooManyReceives { .. } | Defect::RetriesExhausted { .. } => {
+                crate::stores::DlqReason::ReplayExhausted
+            }
             Defect::InvalidTopic(_) => crate::stores::DlqReason::PermanentError,
         }
     }
@@ -237,6 +256,9 @@ pub enum Outcome {
     BackPressure,
     /// Not finished because a store (outbox, DLQ) failed.
     StoreFailure,
+    /// Sending failed transiently past the route's retry budget, and the source retries it
+    /// itself ([`Delivery::source_retries`]).
+    Failed,
     /// The handle was dropped without being settled.
     Abandoned,
 }
@@ -256,6 +278,7 @@ impl Outcome {
             Outcome::Shutdown
             | Outcome::BackPressure
             | Outcome::StoreFailure
+            | Outcome::Failed
             | Outcome::Abandoned => false,
         }
     }
@@ -321,6 +344,7 @@ mod tests {
         assert!(!Outcome::Shutdown.acknowledges());
         assert!(!Outcome::BackPressure.acknowledges());
         assert!(!Outcome::StoreFailure.acknowledges());
+        assert!(!Outcome::Failed.acknowledges());
         assert!(!Outcome::Abandoned.acknowledges());
     }
 

@@ -42,8 +42,8 @@ pub use route::{
 pub use secret::{MASK, Secret};
 pub use store::{DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, Stores};
 pub use transport::{
-    Binding, GroupId, MqttSession, ProtocolVersion, Receiver, Sender, Session, SqsSession,
-    Transport,
+    Binding, GroupId, MqttSession, OnSent, ProtocolVersion, Receiver, Sender, Session, SqsSession,
+    TableColumns, TableSession, Transport,
 };
 pub use valid::ValidConfig;
 pub use validate::{ConfigError, validate};

@@ -31,6 +31,8 @@ pub enum Transport {
     Nats,
     /// An application's outbox table in PostgreSQL, for receivers.
     PostgresTable,
+    /// An application's outbox table in MySQL or MariaDB (10.6+), for receivers.
+    MysqlTable,
 }
 
 impl Transport {
@@ -43,7 +45,13 @@ impl Transport {
             Transport::Rabbitmq => "rabbitmq",
             Transport::Nats => "nats",
             Transport::PostgresTable => "postgres_table",
+            Transport::MysqlTable => "mysql_table",
         }
+    }
+
+    /// True for the outbox-table transports (`postgres_table`, `mysql_table`).
+    pub fn is_table(self) -> bool {
+        matches!(self, Transport::PostgresTable | Transport::MysqlTable)
     }
 }
 
@@ -59,7 +67,7 @@ impl std::fmt::Display for Transport {
 pub struct Session {
     /// Unique id; receivers, senders and route session blocks refer to it.
     pub id: String,
-    /// `mqtt`, `sqs`, `sns`, `rabbitmq`, `nats` or `postgres_table`.
+    /// `mqtt`, `sqs`, `sns`, `rabbitmq`, `nats`, `postgres_table` or `mysql_table`.
     pub transport: Transport,
     /// Transport options (`options.session`).
     #[serde(default)]
@@ -90,10 +98,10 @@ pub struct SessionSettings {
     /// mqtt: keep-alive in whole seconds, as the protocol carries it (1–65535). Default 30.
     #[serde(default)]
     pub keep_alive: Option<u16>,
-    /// mqtt, rabbitmq, nats, postgres_table: user name.
+    /// mqtt, rabbitmq, nats, postgres_table, mysql_table: user name.
     #[serde(default)]
     pub username: Option<String>,
-    /// mqtt, rabbitmq, nats, postgres_table: password (use `${VAR}` to keep it out of the
+    /// mqtt, rabbitmq, nats, postgres_table, mysql_table: password (use `${VAR}` to keep it out of the
     /// file). A secret:
     /// printed and shown as `***`.
     #[serde(default)]
@@ -118,8 +126,9 @@ pub struct SessionSettings {
     /// mqtt, nats: PEM private key for mutual TLS (with `client_cert_file`).
     #[serde(default)]
     pub client_key_file: Option<String>,
-    /// mqtt, rabbitmq, nats, postgres_table: allow credentials over an unencrypted URL (`tcp`,
-    /// `mqtt`, `ws`, `amqp`, `nats`, `postgres`). Default false.
+    /// mqtt, rabbitmq, nats, postgres_table, mysql_table: allow credentials over an unencrypted
+    /// URL (`tcp`, `mqtt`, `ws`, `amqp`, `nats`, `postgres` without `sslmode=require`, `mysql`
+    /// without `require_ssl=true`). Default false.
     #[serde(default)]
     pub allow_plaintext_credentials: Option<bool>,
     /// sqs, sns: AWS region (default: the SDK's region chain, e.g. `AWS_REGION`).
@@ -142,7 +151,8 @@ pub struct SessionSettings {
     /// `amqps://host[:port][/vhost]` (TLS, 5671); the vhost is URL-encoded (`/%2f` is `/`, the
     /// default). nats, required: `nats://host[:port]` (4222; TLS when the server requires it)
     /// or `tls://host[:port]` (TLS always). postgres_table, required: `postgres://host[:port]/db`
-    /// (plain). Credentials go in their own options, never in the URL.
+    /// (`?sslmode=require` for TLS). mysql_table, required: `mysql://host[:port]/db`
+    /// (`?require_ssl=true` for TLS). Credentials go in their own options, never in the URL.
     #[serde(default)]
     pub url: Option<String>,
     /// nats: a `.creds` file (user JWT and NKey seed) to authenticate with.
@@ -263,8 +273,10 @@ pub struct NatsSession {
 
 /// A validated outbox-table session's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PostgresTableSession {
-    /// `postgres://host[:port]/db`, without credentials.
+pub struct TableSession {
+    /// `postgres_table` or `mysql_table`.
+    pub transport: Transport,
+    /// `postgres://host[:port]/db` or `mysql://host[:port]/db`, without credentials.
     pub url: String,
     /// User name.
     pub username: Option<String>,
@@ -273,13 +285,15 @@ pub struct PostgresTableSession {
 }
 
 impl Session {
-    /// The outbox-table view, if this is a `postgres_table` session with its URL set.
-    pub fn postgres_table(&self) -> Option<PostgresTableSession> {
+    /// The outbox-table view, if this is a `postgres_table` or `mysql_table` session with its
+    /// URL set.
+    pub fn table(&self) -> Option<TableSession> {
         let s = &self.options.session;
-        if self.transport != Transport::PostgresTable {
+        if !self.transport.is_table() {
             return None;
         }
-        Some(PostgresTableSession {
+        Some(TableSession {
+            transport: self.transport,
             url: s.url.clone()?,
             username: s.username.clone(),
             password: s.password.clone(),
@@ -380,17 +394,126 @@ pub struct Receiver {
     /// deduplicating by it would drop the second).
     #[serde(default)]
     pub trust_message_id: bool,
-    /// postgres_table, required: the outbox table (`name` or `schema.name`) with the seeds'
-    /// columns `id`, `aggregate_type`, `aggregate_id`, `event`, `payload`, `sent_at`.
+    /// postgres_table, mysql_table, required: the outbox table (`name` or `schema.name`) with
+    /// the seeds' columns (see `columns`).
     #[serde(default)]
     pub table: Option<String>,
-    /// postgres_table: how long to wait before looking for new rows after finding none.
-    /// Default 1s.
+    /// postgres_table, mysql_table: how long to wait before looking for new rows after finding
+    /// none. Default 1s.
     #[serde(default)]
     pub poll_interval: Option<Duration>,
-    /// postgres_table: the most rows claimed at once. Default 100.
+    /// postgres_table, mysql_table: the most rows in flight at once (claimed and not yet
+    /// settled). Default 100.
     #[serde(default)]
     pub batch_size: Option<u32>,
+    /// postgres_table, mysql_table: the table's column names, each defaulting to seed 004's.
+    #[serde(default)]
+    pub columns: Option<TableColumns>,
+    /// postgres_table, mysql_table: how long a claimed row stays reserved for this agent
+    /// (`retry_at` is pushed this far ahead, and again every third of it while the row is in
+    /// flight). A row of an agent that died is claimed again after at most this. Default 30s.
+    #[serde(default)]
+    pub claim_ttl: Option<Duration>,
+    /// postgres_table, mysql_table: failed deliveries of a row (its `retry_count`) before it is
+    /// dead-lettered. Default 10.
+    #[serde(default)]
+    pub max_retries: Option<u32>,
+    /// postgres_table, mysql_table: the first retry delay; the n-th failure waits
+    /// `retry_backoff × 2^(n-1)`, at most `retry_backoff_max`. Default 1s.
+    #[serde(default)]
+    pub retry_backoff: Option<Duration>,
+    /// postgres_table, mysql_table: the longest retry delay. Default 10m.
+    #[serde(default)]
+    pub retry_backoff_max: Option<Duration>,
+    /// postgres_table, mysql_table: `mark` (default: set `sent_at`) or `delete` (delete the row
+    /// once settled).
+    #[serde(default)]
+    pub on_sent: Option<OnSent>,
+    /// postgres_table, mysql_table: delete rows sent longer ago than this. Default: never (the
+    /// application purges).
+    #[serde(default)]
+    pub retention: Option<Duration>,
+    /// postgres_table: `LISTEN` on this channel and claim at once on a notification (the
+    /// optional trigger in docs/configuration.md sends it). Default: poll only.
+    #[serde(default)]
+    pub notify_channel: Option<String>,
+}
+
+impl Receiver {
+    /// `(key, set)` of the outbox-table receivers' keys, which no other receiver takes.
+    pub fn table_keys(&self) -> [(&'static str, bool); 11] {
+        [
+            ("table", self.table.is_some()),
+            ("poll_interval", self.poll_interval.is_some()),
+            ("batch_size", self.batch_size.is_some()),
+            ("columns", self.columns.is_some()),
+            ("claim_ttl", self.claim_ttl.is_some()),
+            ("max_retries", self.max_retries.is_some()),
+            ("retry_backoff", self.retry_backoff.is_some()),
+            ("retry_backoff_max", self.retry_backoff_max.is_some()),
+            ("on_sent", self.on_sent.is_some()),
+            ("retention", self.retention.is_some()),
+            ("notify_channel", self.notify_channel.is_some()),
+        ]
+    }
+}
+
+/// What a relay does with a row once its delivery is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnSent {
+    /// Set `sent_at` (purged later per `retention`).
+    #[default]
+    Mark,
+    /// Delete the row.
+    Delete,
+}
+
+/// An outbox table's column names (plain identifiers); each defaults to seed 004's name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableColumns {
+    /// Integer id, ascending in insert order. Default `id`.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Sent as header `aggregate_type`. Default `aggregate_type`.
+    #[serde(default)]
+    pub aggregate_type: Option<String>,
+    /// Rows with the same value are delivered in id order; sent as header `aggregate_id`.
+    /// Default `aggregate_id`.
+    #[serde(default)]
+    pub aggregate_id: Option<String>,
+    /// The event type, sent as header `event`. Default `event`.
+    #[serde(default)]
+    pub event: Option<String>,
+    /// The message body. Default `payload`.
+    #[serde(default)]
+    pub payload: Option<String>,
+    /// Null until relayed. Default `sent_at`.
+    #[serde(default)]
+    pub sent_at: Option<String>,
+    /// Failed deliveries so far (null counts as 0). Default `retry_count`.
+    #[serde(default)]
+    pub retry_count: Option<String>,
+    /// Not claimed before this time (null: at once). Default `retry_at`.
+    #[serde(default)]
+    pub retry_at: Option<String>,
+}
+
+impl TableColumns {
+    /// `(key, configured name)` of every column.
+    pub fn names(&self) -> [(&'static str, Option<&str>); 8] {
+        [
+            ("id", self.id.as_deref()),
+            ("aggregate_type", self.aggregate_type.as_deref()),
+            ("aggregate_id", self.aggregate_id.as_deref()),
+            ("event", self.event.as_deref()),
+            ("payload", self.payload.as_deref()),
+            ("sent_at", self.sent_at.as_deref()),
+            ("retry_count", self.retry_count.as_deref()),
+            ("retry_at", self.retry_at.as_deref()),
+        ]
+    }
 }
 
 /// One MQTT subscription of a receiver.

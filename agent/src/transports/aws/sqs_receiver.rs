@@ -315,6 +315,7 @@ impl Poller {
             envelope,
             defect,
             redelivered: receive_count > 1,
+            source_retries: false,
             settle: SettleHandle::new(move |outcome| {
                 settled
                     .send(Event::Settled(receipt, outcome.acknowledges()))

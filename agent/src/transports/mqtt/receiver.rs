@@ -343,6 +343,7 @@ impl ReceiverFeed {
             envelope,
             defect,
             redelivered,
+            source_retries: false,
             settle,
         };
         self.deliver(delivery, qos);

@@ -301,15 +301,17 @@ pub(super) fn group_id(g: &str) -> Result<(), String> {
 
 /// A PostgreSQL table: `name` or `schema.name`, each an unquoted identifier (a letter or `_`,
 /// then letters, digits or `_`, at most 63 bytes), since the agent puts it into its queries.
+/// A plain SQL identifier (what a statement may carry unquoted on PostgreSQL and MySQL).
+pub(super) fn identifier(part: &str) -> bool {
+    !part.is_empty()
+        && part.len() <= 63
+        && part.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 pub(super) fn table_name(t: &str) -> Result<(), String> {
-    let ident = |part: &str| {
-        !part.is_empty()
-            && part.len() <= 63
-            && part.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-            && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-    };
     let parts: Vec<&str> = t.split('.').collect();
-    if parts.len() <= 2 && parts.iter().all(|p| ident(p)) {
+    if parts.len() <= 2 && parts.iter().all(|p| identifier(p)) {
         Ok(())
     } else {
         Err(format!(

@@ -1417,7 +1417,83 @@ fn an_outbox_table_receiver_needs_a_table() {
     assert_only(
         &errs,
         "receivers[0].table",
-        "table is for postgres_table receivers",
+        "table is for postgres_table and mysql_table receivers",
+    );
+}
+
+#[test]
+fn outbox_table_columns_urls_and_retry_options_are_checked() {
+    let mysql = || -> Session {
+        yaml("id: my\ntransport: mysql_table\noptions:\n  session:\n    url: mysql://db:3306/app\n")
+    };
+    let errs = errors(|c| {
+        c.sessions.push(mysql());
+        c.receivers.push(yaml(
+            "id: rows\nsession_id: my\ntable: outbox\ncolumns:\n  id: event_id\n  payload: \"body;\"\n  event: event_id\nretry_backoff: 10s\nretry_backoff_max: 1s\nnotify_channel: wake\nclaim_ttl: 0s\n",
+        ));
+    });
+    assert_error(
+        &errs,
+        "receivers[1].columns.payload",
+        "is not a column name",
+    );
+    assert_error(&errs, "receivers[1].columns.event", "named twice");
+    assert_error(
+        &errs,
+        "receivers[1].retry_backoff_max",
+        "shorter than retry_backoff",
+    );
+    assert_error(
+        &errs,
+        "receivers[1].notify_channel",
+        "for postgres_table receivers",
+    );
+    assert_error(&errs, "receivers[1].claim_ttl", "greater than zero");
+    // A plain connection refuses credentials; TLS is the URL's one query option.
+    let errs = errors(|c| {
+        let mut s = mysql();
+        s.options.session.url = Some("postgres://db:5432/app".into());
+        s.options.session.username = Some("relay".into());
+        c.sessions.push(s);
+    });
+    assert_error(
+        &errs,
+        "sessions[1].options.session.url",
+        "a mysql_table url is mysql://",
+    );
+    let errs = errors(|c| {
+        let mut s = table_session();
+        s.options.session.username = Some("relay".into());
+        c.sessions.push(s);
+    });
+    assert_only(
+        &errs,
+        "sessions[1].options.session.username",
+        "?sslmode=require",
+    );
+    let mut c = base();
+    let mut tls = table_session();
+    tls.options.session.url = Some("postgres://db:5432/app?sslmode=require".into());
+    tls.options.session.username = Some("relay".into());
+    c.sessions.push(tls);
+    c.receivers.push(yaml(
+        "id: rows\nsession_id: pg\ntable: outbox\nnotify_channel: ferry_outbox\n",
+    ));
+    let errs = validate(&c).err().unwrap_or_default();
+    assert!(
+        errs.iter()
+            .all(|e| !e.path.starts_with("receivers[1]") && !e.path.starts_with("sessions[1]")),
+        "{errs:?}"
+    );
+    let errs = errors(|c| {
+        let mut s = table_session();
+        s.options.session.url = Some("postgres://db:5432/app?sslmode=verify-full".into());
+        c.sessions.push(s);
+    });
+    assert_only(
+        &errs,
+        "sessions[1].options.session.url",
+        "not a query option",
     );
 }
 

@@ -30,6 +30,7 @@ const BROKERS: &[Transport] = &[
     Transport::Rabbitmq,
     Transport::Nats,
     Transport::PostgresTable,
+    Transport::MysqlTable,
 ];
 const BROKERS_TLS: &[Transport] = &[Transport::Mqtt, Transport::Rabbitmq, Transport::Nats];
 const MUTUAL_TLS: &[Transport] = &[Transport::Mqtt, Transport::Nats];
@@ -37,6 +38,7 @@ const URL: &[Transport] = &[
     Transport::Rabbitmq,
     Transport::Nats,
     Transport::PostgresTable,
+    Transport::MysqlTable,
 ];
 
 /// `a`, `a or b`, `a, b or c`.
@@ -129,7 +131,9 @@ impl Validator<'_> {
                 Transport::Sqs | Transport::Sns => self.aws_session(&base, s),
                 Transport::Rabbitmq => self.rabbitmq_session(&base, s),
                 Transport::Nats => self.nats_session(&base, s),
-                Transport::PostgresTable => self.postgres_table_session(&base, s),
+                Transport::PostgresTable | Transport::MysqlTable => {
+                    self.table_session(&base, session.transport, s);
+                }
             }
         }
     }
@@ -325,28 +329,75 @@ impl Validator<'_> {
         self.client_cert_pair(base, s);
     }
 
-    fn postgres_table_session(&mut self, base: &str, s: &SessionSettings) {
-        match &s.url {
-            None => self.error(
-                format!("{base}.url"),
-                "a postgres_table session needs url (postgres://host[:port]/database)",
+    /// An outbox-table session: `postgres://host[:port]/db[?sslmode=…]` or
+    /// `mysql://host[:port]/db[?require_ssl=…]`, the one TLS switch as the only query.
+    fn table_session(&mut self, base: &str, transport: Transport, s: &SessionSettings) {
+        let (scheme, shape, tls_key, tls_on) = match transport {
+            Transport::MysqlTable => (
+                "mysql",
+                "mysql://host[:port]/database",
+                "require_ssl",
+                "true",
             ),
-            Some(u) => match syntax::url(u) {
-                Err(e) => self.error(format!("{base}.url"), e),
-                Ok(parsed) if parsed.scheme != "postgres" && parsed.scheme != "postgresql" => self
-                    .error(
-                        format!("{base}.url"),
+            _ => (
+                "postgres",
+                "postgres://host[:port]/database",
+                "sslmode",
+                "require",
+            ),
+        };
+        let path = format!("{base}.url");
+        let Some(u) = &s.url else {
+            self.error(path, format!("a {transport} session needs url ({shape})"));
+            return;
+        };
+        let (address, query) = u.split_once('?').unwrap_or((u, ""));
+        let mut tls = false;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some((k, v))
+                    if k == tls_key
+                        && transport == Transport::MysqlTable
+                        && (v == "true" || v == "false") =>
+                {
+                    tls = v == "true"
+                }
+                Some((k, v))
+                    if k == tls_key
+                        && transport == Transport::PostgresTable
+                        && ["disable", "prefer", "require"].contains(&v) =>
+                {
+                    tls = v == "require"
+                }
+                _ => {
+                    self.error(
+                        path.clone(),
                         format!(
-                            "\"{u}\" has scheme \"{}\"; a postgres_table url is postgres://",
-                            parsed.scheme
+                            "\"{pair}\" is not a query option of a {transport} url (only {tls_key})"
                         ),
+                    );
+                }
+            }
+        }
+        match syntax::url(address) {
+            Err(e) => self.error(path, e),
+            Ok(parsed)
+                if parsed.scheme != scheme
+                    && !(scheme == "postgres" && parsed.scheme == "postgresql") =>
+            {
+                self.error(
+                    path,
+                    format!(
+                        "\"{u}\" has scheme \"{}\"; a {transport} url is {scheme}://",
+                        parsed.scheme
                     ),
-                Ok(parsed) if parsed.path.trim_start_matches('/').is_empty() => self.error(
-                    format!("{base}.url"),
-                    format!("\"{u}\" names no database (postgres://host[:port]/database)"),
-                ),
-                Ok(_) => self.plaintext(base, s, "a TLS connection (not supported yet)"),
-            },
+                );
+            }
+            Ok(parsed) if parsed.path.trim_start_matches('/').is_empty() => {
+                self.error(path, format!("\"{u}\" names no database ({shape})"));
+            }
+            Ok(_) if !tls => self.plaintext(base, s, &format!("?{tls_key}={tls_on}")),
+            Ok(_) => {}
         }
         self.not_masked(base, "password", s.password.as_ref());
     }
@@ -407,22 +458,20 @@ impl Validator<'_> {
             else {
                 continue;
             };
-            if transport != Transport::PostgresTable {
-                for (key, set) in [
-                    ("table", r.table.is_some()),
-                    ("poll_interval", r.poll_interval.is_some()),
-                    ("batch_size", r.batch_size.is_some()),
-                ] {
+            if !transport.is_table() {
+                for (key, set) in r.table_keys() {
                     if set {
                         self.error(
                             format!("{base}.{key}"),
-                            format!("{key} is for postgres_table receivers; session \"{}\" is {transport}", r.session_id),
+                            format!("{key} is for postgres_table and mysql_table receivers; session \"{}\" is {transport}", r.session_id),
                         );
                     }
                 }
             }
             match transport {
-                Transport::PostgresTable => self.postgres_table_receiver(&base, r),
+                Transport::PostgresTable | Transport::MysqlTable => {
+                    self.table_receiver(&base, transport, r);
+                }
                 Transport::Rabbitmq | Transport::Nats => self.error(
                     format!("{base}.session_id"),
                     format!(
@@ -507,7 +556,12 @@ impl Validator<'_> {
         }
     }
 
-    fn postgres_table_receiver(&mut self, base: &str, r: &super::super::transport::Receiver) {
+    fn table_receiver(
+        &mut self,
+        base: &str,
+        transport: Transport,
+        r: &super::super::transport::Receiver,
+    ) {
         for (key, set) in [
             ("topics", r.topics.is_some()),
             ("queue", r.queue.is_some()),
@@ -516,14 +570,14 @@ impl Validator<'_> {
             if set {
                 self.error(
                     format!("{base}.{key}"),
-                    format!("{key} is not an option of postgres_table receivers (use table)"),
+                    format!("{key} is not an option of {transport} receivers (use table)"),
                 );
             }
         }
         match &r.table {
             None => self.error(
                 format!("{base}.table"),
-                "a postgres_table receiver needs table",
+                format!("a {transport} receiver needs table"),
             ),
             Some(t) => {
                 if let Err(e) = syntax::table_name(t) {
@@ -531,11 +585,59 @@ impl Validator<'_> {
                 }
             }
         }
-        if let Some(p) = r.poll_interval {
-            self.positive(format!("{base}.poll_interval"), p);
+        if let Some(columns) = &r.columns {
+            let mut seen = HashSet::new();
+            for (key, name) in columns.names() {
+                let Some(name) = name else { continue };
+                let path = format!("{base}.columns.{key}");
+                if !syntax::identifier(name) {
+                    self.error(path, format!("\"{name}\" is not a column name (letters, digits and _, not starting with a digit)"));
+                } else if !seen.insert(name) {
+                    self.error(path, format!("column \"{name}\" is named twice"));
+                }
+            }
+        }
+        for (key, value) in [
+            ("poll_interval", r.poll_interval),
+            ("claim_ttl", r.claim_ttl),
+            ("retry_backoff", r.retry_backoff),
+            ("retry_backoff_max", r.retry_backoff_max),
+            ("retention", r.retention),
+        ] {
+            if let Some(d) = value {
+                self.positive(format!("{base}.{key}"), d);
+            }
+        }
+        if let (Some(first), Some(max)) = (r.retry_backoff, r.retry_backoff_max)
+            && first > max
+        {
+            self.error(
+                format!("{base}.retry_backoff_max"),
+                "must not be shorter than retry_backoff",
+            );
         }
         if r.batch_size == Some(0) {
             self.error(format!("{base}.batch_size"), "must be at least 1");
+        }
+        if r.retention.is_some() && r.on_sent == Some(super::super::transport::OnSent::Delete) {
+            self.error(
+                format!("{base}.retention"),
+                "on_sent: delete keeps no sent row to purge",
+            );
+        }
+        if let Some(channel) = &r.notify_channel {
+            let path = format!("{base}.notify_channel");
+            if transport != Transport::PostgresTable {
+                self.error(
+                    path,
+                    "notify_channel is for postgres_table receivers (LISTEN/NOTIFY)",
+                );
+            } else if !syntax::identifier(channel) {
+                self.error(
+                    path,
+                    format!("\"{channel}\" is not a channel name (letters, digits and _)"),
+                );
+            }
         }
     }
 
@@ -568,7 +670,7 @@ impl Validator<'_> {
                 }
             }
             match transport {
-                Transport::PostgresTable => self.error(
+                Transport::PostgresTable | Transport::MysqlTable => self.error(
                     format!("{base}.session_id"),
                     format!(
                         "session \"{}\" is postgres_table, which Ferry only receives from",
@@ -727,7 +829,7 @@ impl Validator<'_> {
                 Transport::Rabbitmq => amqp_address(&sample).map(|_| ()),
                 Transport::Nats => nats_subject(&sample),
                 // Reported on the sender: Ferry does not send to a table.
-                Transport::PostgresTable => Ok(()),
+                Transport::PostgresTable | Transport::MysqlTable => Ok(()),
             };
             if let Err(e) = shape {
                 self.error(path, e);

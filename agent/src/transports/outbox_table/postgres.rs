@@ -1,0 +1,228 @@
+//! The PostgreSQL dialect: one connection through `ferry_shared::postgres::connect` (TLS with
+//! `sslmode=require`, as the postgres stores), optional `LISTEN`, the statements of
+//! [`Dialect`] with `$n` parameters, `now()` and `make_interval`.
+//!
+//! Ids are read and bound as `bigint` (`::bigint` casts) so an `integer` id column works too;
+//! the aggregate id is compared as text, so any column type can be the ordering key.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use ferry_shared::config::OnSent;
+use ferry_shared::postgres::{Notifications, describe};
+use tokio_postgres::Client;
+
+use super::TableSettings;
+use super::relay::{DbError, Dialect, Row};
+
+/// The user when the session names none (tokio-postgres needs one).
+const DEFAULT_USER: &str = "postgres";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Sent rows deleted per purge statement.
+const PURGE_SLICE: i64 = 10_000;
+
+pub(crate) struct Postgres {
+    client: Client,
+    notifications: Option<Notifications>,
+    claim_ttl: f64,
+    sql: Statements,
+}
+
+/// The statements, written once per connection from the validated table and column names.
+struct Statements {
+    heads: String,
+    lock: String,
+    lease: String,
+    mark: String,
+    delete: String,
+    retry: String,
+    release: String,
+    purge: String,
+}
+
+impl Statements {
+    fn new(s: &TableSettings) -> Self {
+        let t = &s.table;
+        let c = &s.columns;
+        let (id, agg, sent, retry_at) = (&c.id, &c.aggregate_id, &c.sent_at, &c.retry_at);
+        let claimable = format!("{sent} IS NULL AND ({retry_at} IS NULL OR {retry_at} <= now())");
+        Self {
+            // Non-locking: the first unsent row of each aggregate (each row without one is
+            // its own group), if due. One pass over the unsent rows whatever the indexes; a
+            // correlated "no earlier unsent row" test becomes quadratic without an index on
+            // the aggregate id.
+            heads: format!(
+                "SELECT o.{id}::bigint FROM {t} o JOIN (\
+                 SELECT min({id}) AS head FROM {t} WHERE {sent} IS NULL \
+                 GROUP BY CASE WHEN {agg} IS NULL OR {agg}::text = '' THEN 'n:' || {id}::text \
+                 ELSE 'a:' || {agg}::text END) h ON o.{id} = h.head \
+                 WHERE o.{retry_at} IS NULL OR o.{retry_at} <= now() \
+                 ORDER BY o.{id} LIMIT $1"
+            ),
+            lock: format!(
+                "SELECT {id}::bigint, {}::text, {agg}::text, {}::text, {}::text, \
+                 COALESCE({}, 0)::bigint FROM {t} \
+                 WHERE {id} = ANY($1::bigint[]) AND {claimable} \
+                 ORDER BY {id} FOR UPDATE SKIP LOCKED",
+                c.aggregate_type, c.event, c.payload, c.retry_count
+            ),
+            lease: format!(
+                "UPDATE {t} SET {retry_at} = now() + make_interval(secs => $2) \
+                 WHERE {id} = ANY($1::bigint[]) AND {sent} IS NULL"
+            ),
+            mark: format!(
+                "UPDATE {t} SET {sent} = now(), {retry_at} = NULL WHERE {id} = ANY($1::bigint[])"
+            ),
+            delete: format!("DELETE FROM {t} WHERE {id} = ANY($1::bigint[])"),
+            retry: format!(
+                "UPDATE {t} SET {} = $2::integer, {retry_at} = now() + make_interval(secs => $3) \
+                 WHERE {id} = $1::bigint AND {sent} IS NULL",
+                c.retry_count
+            ),
+            release: format!(
+                "UPDATE {t} SET {retry_at} = NULL WHERE {id} = ANY($1::bigint[]) AND {sent} IS NULL"
+            ),
+            purge: format!(
+                "DELETE FROM {t} WHERE {id} IN (SELECT {id} FROM {t} \
+                 WHERE {sent} < now() - make_interval(secs => $1) LIMIT {PURGE_SLICE})"
+            ),
+        }
+    }
+}
+
+fn db(e: tokio_postgres::Error) -> DbError {
+    DbError(describe(&e))
+}
+
+impl Postgres {
+    async fn ids(&self, statement: &str, ids: &[i64]) -> Result<(), DbError> {
+        self.client.execute(statement, &[&ids]).await.map_err(db)?;
+        Ok(())
+    }
+}
+
+impl Dialect for Postgres {
+    async fn connect(s: &TableSettings) -> Result<Self, DbError> {
+        let mut config = tokio_postgres::Config::from_str(&s.url)
+            .map_err(|e| DbError(format!("postgres url: {e}")))?;
+        config
+            .user(s.username.as_deref().unwrap_or(DEFAULT_USER))
+            .application_name("ferry-agent")
+            .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(password) = &s.password {
+            config.password(password.expose());
+        }
+        let (client, notifications) = ferry_shared::postgres::connect(&config)
+            .await
+            .map_err(|e| DbError(e.to_string()))?;
+        let notifications = match &s.notify_channel {
+            Some(channel) => {
+                // A validated identifier.
+                client
+                    .batch_execute(&format!("LISTEN {channel}"))
+                    .await
+                    .map_err(db)?;
+                Some(notifications)
+            }
+            None => None,
+        };
+        Ok(Self {
+            client,
+            notifications,
+            claim_ttl: s.claim_ttl.as_secs_f64(),
+            sql: Statements::new(s),
+        })
+    }
+
+    async fn claim(&mut self, limit: u32) -> Result<Vec<Row>, DbError> {
+        let heads: Vec<i64> = self
+            .client
+            .query(&self.sql.heads, &[&i64::from(limit)])
+            .await
+            .map_err(db)?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()
+            .map_err(db)?;
+        if heads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let txn = self.client.transaction().await.map_err(db)?;
+        let locked = txn.query(&self.sql.lock, &[&heads]).await.map_err(db)?;
+        let mut rows = Vec::with_capacity(locked.len());
+        for r in &locked {
+            let retry_count: i64 = r.try_get(5).map_err(db)?;
+            let payload: Option<String> = r.try_get(4).map_err(db)?;
+            rows.push(Row {
+                id: r.try_get(0).map_err(db)?,
+                aggregate_type: r.try_get(1).map_err(db)?,
+                aggregate_id: r.try_get(2).map_err(db)?,
+                event: r.try_get(3).map_err(db)?,
+                payload: payload.unwrap_or_default().into_bytes(),
+                retry_count: u32::try_from(retry_count.max(0)).unwrap_or(u32::MAX),
+            });
+        }
+        if !rows.is_empty() {
+            let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+            txn.execute(&self.sql.lease, &[&ids, &self.claim_ttl])
+                .await
+                .map_err(db)?;
+        }
+        txn.commit().await.map_err(db)?;
+        Ok(rows)
+    }
+
+    async fn settle_sent(&mut self, ids: &[i64], on_sent: OnSent) -> Result<(), DbError> {
+        match on_sent {
+            OnSent::Mark => self.ids(&self.sql.mark, ids).await,
+            OnSent::Delete => self.ids(&self.sql.delete, ids).await,
+        }
+    }
+
+    async fn retry_later(
+        &mut self,
+        id: i64,
+        retry_count: u32,
+        delay: Duration,
+    ) -> Result<(), DbError> {
+        let count = i32::try_from(retry_count).unwrap_or(i32::MAX);
+        self.client
+            .execute(&self.sql.retry, &[&id, &count, &delay.as_secs_f64()])
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn release(&mut self, ids: &[i64]) -> Result<(), DbError> {
+        self.ids(&self.sql.release, ids).await
+    }
+
+    async fn extend(&mut self, ids: &[i64]) -> Result<(), DbError> {
+        self.client
+            .execute(&self.sql.lease, &[&ids, &self.claim_ttl])
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, retention: Duration) -> Result<u64, DbError> {
+        self.client
+            .execute(&self.sql.purge, &[&retention.as_secs_f64()])
+            .await
+            .map_err(db)
+    }
+
+    async fn woken(&mut self) {
+        match &mut self.notifications {
+            Some(n) => {
+                if n.recv().await.is_none() {
+                    // The connection ended; the next statement reports it.
+                    std::future::pending::<()>().await;
+                }
+                // One claim serves every notification already queued.
+                while n.try_recv().is_ok() {}
+            }
+            None => std::future::pending().await,
+        }
+    }
+}

@@ -1,0 +1,361 @@
+//! The dialect-independent relay: connect, then claim → deliver → settle until shutdown, with
+//! leases, retries and the purge (the invariants are in the module docs of `outbox_table`).
+//!
+//! State that outlives a connection: the rows in flight (their ids and retry counts) and the
+//! outcomes not yet written. A lost connection is retried with backoff; the routes keep
+//! settling meanwhile, and the outcomes are written once the relay is connected again.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use ferry_shared::config::OnSent;
+use ferry_shared::envelope::{Envelope, Source};
+use prost::bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+use super::TableSettings;
+use crate::transports::backoff::Backoff;
+use crate::transports::{Defect, Delivery, Outcome, SettleHandle};
+
+/// A database error, as text (each dialect renders its driver's errors).
+#[derive(Debug)]
+pub(crate) struct DbError(pub String);
+
+impl fmt::Display for DbError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A claimed row.
+#[derive(Debug)]
+pub(crate) struct Row {
+    pub id: i64,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub event: Option<String>,
+    pub payload: Vec<u8>,
+    /// Failed deliveries so far (a null column counts as 0).
+    pub retry_count: u32,
+}
+
+/// The SQL of one database on one connection. Every time is the database's clock, so agents on
+/// different hosts agree on leases and retry times.
+pub(crate) trait Dialect: Send + Sized + 'static {
+    /// Connects (and `LISTEN`s, when the settings name a channel).
+    fn connect(s: &TableSettings) -> impl Future<Output = Result<Self, DbError>> + Send;
+
+    /// Claims up to `limit` head rows (module docs): locks them with `FOR UPDATE SKIP LOCKED`,
+    /// leases them for `claim_ttl` and commits; in id order.
+    fn claim(&mut self, limit: u32) -> impl Future<Output = Result<Vec<Row>, DbError>> + Send;
+
+    /// Marks rows sent (`on_sent: mark`) or deletes them (`delete`).
+    fn settle_sent(
+        &mut self,
+        ids: &[i64],
+        on_sent: OnSent,
+    ) -> impl Future<Output = Result<(), DbError>> + Send;
+
+    /// Records a failed delivery: `retry_count = retry_count`, `retry_at = now + delay`.
+    fn retry_later(
+        &mut self,
+        id: i64,
+        retry_count: u32,
+        delay: Duration,
+    ) -> impl Future<Output = Result<(), DbError>> + Send;
+
+    /// Gives unsent rows back at once (`retry_at = null`).
+    fn release(&mut self, ids: &[i64]) -> impl Future<Output = Result<(), DbError>> + Send;
+
+    /// Extends the lease of unsent rows to `now + claim_ttl`.
+    fn extend(&mut self, ids: &[i64]) -> impl Future<Output = Result<(), DbError>> + Send;
+
+    /// Deletes up to one slice of rows sent before `now - retention`; returns how many.
+    fn purge(&mut self, retention: Duration) -> impl Future<Output = Result<u64, DbError>> + Send;
+
+    /// Resolves when the database signals new rows (`NOTIFY`); never without a channel.
+    fn woken(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+/// What the session task shares with the session and the receiver.
+pub(super) struct Link {
+    pub deliveries: mpsc::Sender<Delivery>,
+    pub connected: watch::Sender<bool>,
+    pub reconnects: Arc<AtomicU64>,
+    pub shutdown: CancellationToken,
+}
+
+/// Why the relay loop ended.
+enum Ended {
+    Shutdown,
+    Lost(DbError),
+}
+
+impl From<DbError> for Ended {
+    fn from(e: DbError) -> Self {
+        Ended::Lost(e)
+    }
+}
+
+/// The rows in flight and the outcomes not yet written.
+struct State {
+    /// Row id → its `retry_count` when claimed.
+    in_flight: HashMap<i64, u32>,
+    /// Settled outcomes still to be written.
+    pending: Vec<(i64, Outcome)>,
+    outcomes_tx: mpsc::UnboundedSender<(i64, Outcome)>,
+    outcomes: mpsc::UnboundedReceiver<(i64, Outcome)>,
+}
+
+pub(super) async fn run<D: Dialect>(s: TableSettings, link: Link) {
+    let session = s.name.clone();
+    let transport = s.transport();
+    let (outcomes_tx, outcomes) = mpsc::unbounded_channel();
+    let mut state = State {
+        in_flight: HashMap::new(),
+        pending: Vec::new(),
+        outcomes_tx,
+        outcomes,
+    };
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+    let mut ever_connected = false;
+    let mut down = false;
+    loop {
+        let attempt = tokio::select! {
+            biased;
+            () = link.shutdown.cancelled() => break,
+            attempt = D::connect(&s) => attempt,
+        };
+        match attempt {
+            Ok(mut db) => {
+                if ever_connected {
+                    link.reconnects.fetch_add(1, Ordering::Relaxed);
+                }
+                ever_connected = true;
+                backoff.reset();
+                tracing::info!(%session, table = %s.table, "{transport} connected");
+                link.connected.send_replace(true);
+                let ended = relay(&s, &mut db, &link, &mut state).await;
+                link.connected.send_replace(false);
+                match ended {
+                    Ended::Shutdown => break,
+                    Ended::Lost(error) => {
+                        tracing::warn!(%session, %error, "{transport} connection lost; reconnecting with backoff");
+                        down = true;
+                    }
+                }
+            }
+            Err(error) if !down => {
+                tracing::warn!(%session, %error, "cannot reach the {transport} database; retrying with backoff");
+                down = true;
+            }
+            Err(error) => {
+                tracing::debug!(%session, %error, "{transport} connection failed; retrying")
+            }
+        }
+        tokio::select! {
+            biased;
+            () = link.shutdown.cancelled() => break,
+            () = tokio::time::sleep(backoff.next_delay()) => {}
+        }
+    }
+    link.connected.send_replace(false);
+}
+
+/// What woke the relay loop.
+enum Event {
+    Shutdown,
+    Settled(Option<(i64, Outcome)>),
+    PollDue,
+    Woken,
+    Heartbeat,
+    Purge,
+}
+
+/// Claims, hands out and settles rows until shutdown or a database error.
+async fn relay<D: Dialect>(s: &TableSettings, db: &mut D, link: &Link, state: &mut State) -> Ended {
+    let capacity = usize::try_from(s.batch_size).unwrap_or(usize::MAX).max(1);
+    let mut claim_due = true;
+    let mut next_poll = Instant::now();
+    // A third of the lease, so two extensions may fail before it runs out (never zero: an
+    // interval of zero panics).
+    let mut heartbeat = tokio::time::interval((s.claim_ttl / 3).max(Duration::from_millis(1)));
+    heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    heartbeat.reset();
+    let purge_every = s.retention.map_or(Duration::from_secs(3600), |r| {
+        (r / 2).clamp(Duration::from_millis(100), Duration::from_secs(60))
+    });
+    let mut purge = tokio::time::interval(purge_every);
+    purge.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        while let Ok(settled) = state.outcomes.try_recv() {
+            state.pending.push(settled);
+        }
+        if !state.pending.is_empty() {
+            if let Err(e) = flush(s, db, state).await {
+                return Ended::Lost(e);
+            }
+            // A settled head may have unblocked its aggregate.
+            claim_due = true;
+        }
+        let room = capacity.saturating_sub(state.in_flight.len());
+        if claim_due && room > 0 {
+            let rows = match db.claim(u32::try_from(room).unwrap_or(u32::MAX)).await {
+                Ok(rows) => rows,
+                Err(e) => return Ended::Lost(e),
+            };
+            // A full claim may have left rows behind; a short one found all there was.
+            claim_due = rows.len() >= room;
+            if !claim_due {
+                next_poll = Instant::now() + s.poll_interval;
+            }
+            for row in rows {
+                if !hand_out(s, link, state, row) {
+                    return Ended::Shutdown;
+                }
+            }
+        }
+        let event = tokio::select! {
+            biased;
+            () = link.shutdown.cancelled() => Event::Shutdown,
+            settled = state.outcomes.recv() => Event::Settled(settled),
+            () = tokio::time::sleep_until(next_poll), if !claim_due => Event::PollDue,
+            () = db.woken() => Event::Woken,
+            _ = heartbeat.tick() => Event::Heartbeat,
+            _ = purge.tick(), if s.retention.is_some() => Event::Purge,
+        };
+        match event {
+            Event::Shutdown => {
+                // Write what has settled; rows still in flight keep their lease and are
+                // claimed again once it ran out.
+                while let Ok(settled) = state.outcomes.try_recv() {
+                    state.pending.push(settled);
+                }
+                if !state.pending.is_empty()
+                    && let Err(error) = flush(s, db, state).await
+                {
+                    tracing::info!(session = %s.name, %error, "settles not written at shutdown; those rows are relayed again");
+                }
+                return Ended::Shutdown;
+            }
+            // The state holds a sender, so the channel never closes.
+            Event::Settled(settled) => state.pending.extend(settled),
+            Event::PollDue | Event::Woken => claim_due = true,
+            Event::Heartbeat => {
+                let ids: Vec<i64> = state.in_flight.keys().copied().collect();
+                if !ids.is_empty()
+                    && let Err(e) = db.extend(&ids).await
+                {
+                    return Ended::Lost(e);
+                }
+            }
+            Event::Purge => {
+                if let Some(retention) = s.retention {
+                    match db.purge(retention).await {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            tracing::debug!(session = %s.name, rows = n, "purged sent rows");
+                            // A full slice may have left more: purge again soon.
+                            purge.reset_after(Duration::from_millis(100));
+                        }
+                        Err(e) => return Ended::Lost(e),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes the pending outcomes; on success they leave the in-flight set. On failure nothing
+/// is forgotten: each statement is idempotent and all are written again after reconnecting.
+async fn flush<D: Dialect>(
+    s: &TableSettings,
+    db: &mut D,
+    state: &mut State,
+) -> Result<(), DbError> {
+    let mut sent = Vec::new();
+    let mut released = Vec::new();
+    let mut failed = Vec::new();
+    for &(id, outcome) in &state.pending {
+        let retry_count = state.in_flight.get(&id).copied().unwrap_or_default();
+        if outcome.acknowledges() {
+            sent.push(id);
+        } else if outcome == Outcome::Shutdown {
+            released.push(id);
+        } else {
+            tracing::debug!(session = %s.name, id, ?outcome, retry_count, "row not relayed; retried later");
+            failed.push((id, retry_count, s.retry_delay(retry_count)));
+        }
+    }
+    if !sent.is_empty() {
+        db.settle_sent(&sent, s.on_sent).await?;
+    }
+    if !released.is_empty() {
+        db.release(&released).await?;
+    }
+    for (id, retry_count, delay) in failed {
+        db.retry_later(id, retry_count.saturating_add(1), delay)
+            .await?;
+    }
+    for (id, _) in state.pending.drain(..) {
+        state.in_flight.remove(&id);
+    }
+    Ok(())
+}
+
+/// Hands one claimed row to the route; false once the receiver is gone.
+fn hand_out(s: &TableSettings, link: &Link, state: &mut State, row: Row) -> bool {
+    let id = row.id;
+    let defect = (row.retry_count >= s.max_retries).then_some(Defect::RetriesExhausted {
+        retries: row.retry_count,
+        limit: s.max_retries,
+    });
+    let outcomes = state.outcomes_tx.clone();
+    let retry_count = row.retry_count;
+    let delivery = Delivery {
+        envelope: envelope_of(s, row),
+        defect,
+        redelivered: retry_count > 0,
+        source_retries: true,
+        settle: SettleHandle::new(move |outcome| {
+            outcomes.send((id, outcome)).ok();
+        }),
+    };
+    state.in_flight.insert(id, retry_count);
+    match link.deliveries.try_send(delivery) {
+        Ok(()) => true,
+        // Cannot happen (the channel holds `batch_size`, the rows in flight at most); the
+        // dropped delivery settles itself as abandoned, so the row is retried.
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            tracing::warn!(session = %s.name, id, "delivery channel full; row retried later");
+            true
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => false,
+    }
+}
+
+fn envelope_of(s: &TableSettings, row: Row) -> Envelope {
+    let mut headers = Vec::with_capacity(3);
+    for (key, value) in [
+        ("aggregate_type", row.aggregate_type),
+        ("aggregate_id", row.aggregate_id),
+        ("event", row.event),
+    ] {
+        if let Some(value) = value {
+            headers.push((key.to_owned(), value));
+        }
+    }
+    let mut envelope = Envelope::new(
+        format!("{}:{}", s.table, row.id),
+        Bytes::from(row.payload),
+        Source::new(s.transport(), &s.name, &s.table, SystemTime::now()),
+    );
+    envelope.headers = headers;
+    envelope
+}
