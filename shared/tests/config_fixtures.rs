@@ -234,7 +234,7 @@ fn each_variation_snippet_loads_unchanged_on_its_own() {
 fn deploy_examples_validate() {
     let dir = format!("{}/../deploy/examples", env!("CARGO_MANIFEST_DIR"));
     let env = |name: &str| match name {
-        "MQTT_PASSWORD" | "RABBITMQ_PASSWORD" | "NATS_TOKEN" | "PG_PASSWORD" => {
+        "MQTT_PASSWORD" | "RABBITMQ_PASSWORD" | "NATS_TOKEN" | "PG_PASSWORD" | "MYSQL_PASSWORD" => {
             Some("s3cret".to_owned())
         }
         "ORDERS_QUEUE_URL" => {

@@ -2,7 +2,9 @@
 //! the local brokers: message ids and headers arrive as AMQP properties and NATS headers, an
 //! unroutable RabbitMQ message and a message whose templated address has no value are
 //! dead-lettered, JetStream drops a replayed `Nats-Msg-Id`, and cutting the connection to
-//! either broker mid-run loses nothing.
+//! either broker mid-run loses nothing. And the agent as the relay of an application's outbox
+//! table on PostgreSQL and MariaDB: per-aggregate order, two agents on one table, a refused
+//! row retried through the table's columns then dead-lettered, `LISTEN/NOTIFY`, the purge.
 //!
 //! Each test uses its own exclusive queue or its own stream with unique subjects (see
 //! `ferry_tests::rabbitmq`, `ferry_tests::nats`).
@@ -14,12 +16,14 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use ferry_tests::agent::Agent;
 use ferry_tests::mqtt::{QoS, parse_seq};
+use ferry_tests::mysql::TestMysql;
 use ferry_tests::nats::TestStream;
 use ferry_tests::proxy::TcpProxy;
 use ferry_tests::rabbitmq::TestQueue;
 use ferry_tests::{
     Mosquitto, PublishOptions, TestDatabase, ids, publish_seq, publish_seq_with, wait,
 };
+use mysql_async::prelude::Queryable;
 
 use crate::agent_support::quiesced;
 use ferry_tests::agent::BindingCounts;
@@ -27,13 +31,60 @@ use ferry_tests::agent::BindingCounts;
 const DELIVERY: Duration = Duration::from_secs(60);
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
+/// An outbox table as a relay's source.
+struct TableSource {
+    /// `postgres_table` or `mysql_table`.
+    transport: &'static str,
+    url: String,
+    table: String,
+    /// More `options.session` lines (8 spaces of indent).
+    session_extra: String,
+    /// More receiver lines (4 spaces of indent).
+    receiver_extra: String,
+    poll_interval: &'static str,
+    /// The route's `policy:` lines (6 spaces of indent), e.g. a short `send_retry_budget` so
+    /// the table's own retries take over.
+    policy: String,
+}
+
+impl TableSource {
+    /// The table `outbox` of `db`.
+    fn postgres(db: &TestDatabase) -> Self {
+        Self {
+            url: format!("postgres://127.0.0.1:5432/{}", db.name()),
+            ..Self::postgres_named("outbox")
+        }
+    }
+
+    /// The table `outbox` of `db` on MariaDB / MySQL.
+    fn mysql(db: &TestMysql) -> Self {
+        Self {
+            transport: "mysql_table",
+            url: db.url_without_user(),
+            ..Self::postgres_named("outbox")
+        }
+    }
+
+    fn postgres_named(table: &str) -> Self {
+        Self {
+            transport: "postgres_table",
+            url: String::new(),
+            table: table.into(),
+            session_extra: String::new(),
+            receiver_extra: String::new(),
+            poll_interval: "100ms",
+            policy: String::new(),
+        }
+    }
+}
+
 /// A bridge from a private Mosquitto (`{run}/in`), or from an outbox table, to one RabbitMQ or
 /// NATS session.
 struct Relay {
     run: String,
     mqtt: String,
-    /// `(postgres URL, table)`: the source is this outbox table instead of `mqtt`.
-    table: Option<(String, String)>,
+    /// The source is this outbox table instead of `mqtt`.
+    table: Option<TableSource>,
     /// A `direct_hold` route (one binding) instead of `shared_outbox`.
     direct_hold: bool,
     /// `rabbitmq` or `nats`.
@@ -66,11 +117,15 @@ impl Relay {
                     self.input()
                 ),
             ),
-            Some((url, table)) => (
+            Some(t) => (
                 format!(
-                    "  - id: src\n    transport: postgres_table\n    options:\n      session:\n        url: {url}\n"
+                    "  - id: src\n    transport: {}\n    options:\n      session:\n        url: {}\n{}",
+                    t.transport, t.url, t.session_extra
                 ),
-                format!("    table: {table}\n    poll_interval: 100ms\n"),
+                format!(
+                    "    table: {}\n    poll_interval: {}\n{}",
+                    t.table, t.poll_interval, t.receiver_extra
+                ),
             ),
         };
         let mut y = format!(
@@ -100,6 +155,9 @@ impl Relay {
                 y,
                 "routes:\n  - id: r\n    receiver_id: in\n    delivery_mode: direct_hold\n    bindings: [{bindings}]\n"
             );
+            if let Some(t) = self.table.as_ref().filter(|t| !t.policy.is_empty()) {
+                let _ = write!(y, "    policy:\n{}", t.policy);
+            }
         } else {
             let _ = write!(
                 y,
@@ -398,10 +456,7 @@ async fn postgres_outbox_table_to_jetstream_marks_every_row_sent() -> anyhow::Re
     let relay = Relay {
         run: ids::unique("e2e"),
         mqtt: String::new(),
-        table: Some((
-            format!("postgres://127.0.0.1:5432/{}", db.name()),
-            "outbox".into(),
-        )),
+        table: Some(TableSource::postgres(&db)),
         direct_hold: false,
         transport: "nats",
         url: ferry_tests::nats::url(),
@@ -487,9 +542,9 @@ async fn all_rows_sent(app: &tokio_postgres::Client) -> anyhow::Result<()> {
 
 /// Two agents relay one outbox table (direct_hold to JetStream): in normal operation each row is
 /// sent by exactly one of them (their `sent` counters add up to the rows); then one is
-/// SIGKILLed mid-run: the other finishes the table (the dead agent's row locks went with its
-/// connection) and the stream holds every row exactly once (a row the dead agent sent but could
-/// not mark is sent again, and dropped by its `Nats-Msg-Id`).
+/// SIGKILLed mid-run: the other finishes the table (the dead agent's claims run out after
+/// `claim_ttl`) and the stream holds every row exactly once (a row the dead agent sent but could
+/// not mark is sent again, and dropped by its `Nats-Msg-Id`), in order per aggregate.
 #[tokio::test]
 async fn two_agents_relay_one_table_and_one_survives_a_sigkill() -> anyhow::Result<()> {
     const N: i64 = 1000;
@@ -501,10 +556,10 @@ async fn two_agents_relay_one_table_and_one_survives_a_sigkill() -> anyhow::Resu
     let relay = |dir: &std::path::Path| Relay {
         run: ids::unique("e2e"),
         mqtt: String::new(),
-        table: Some((
-            format!("postgres://127.0.0.1:5432/{}", db.name()),
-            "outbox".into(),
-        )),
+        table: Some(TableSource {
+            receiver_extra: "    claim_ttl: 3s\n".into(),
+            ..TableSource::postgres(&db)
+        }),
         direct_hold: true,
         transport: "nats",
         url: ferry_tests::nats::url(),
@@ -539,6 +594,300 @@ async fn two_agents_relay_one_table_and_one_survives_a_sigkill() -> anyhow::Resu
     assert_eq!(stored.len(), 3 * N as usize, "each row stored once");
     let rows: BTreeSet<u64> = seqs(stored.iter().map(|m| m.payload.as_slice()));
     assert_eq!(rows, (0..3 * u64::try_from(N)?).collect());
+    assert_ordered(&per_subject(&stored));
     stream.delete().await?;
     Ok(())
 }
+
+/// The events of `stored` per subject, in stream order (the payloads as numbers).
+fn per_subject(
+    stored: &[ferry_tests::nats::Stored],
+) -> std::collections::BTreeMap<String, Vec<u64>> {
+    let mut by_subject: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for m in stored {
+        by_subject
+            .entry(m.subject.clone())
+            .or_default()
+            .extend(parse_seq(&m.payload));
+    }
+    by_subject
+}
+
+/// Each subject's events are in ascending order (the rows' id order, since payloads ascend
+/// with ids).
+fn assert_ordered(by_subject: &std::collections::BTreeMap<String, Vec<u64>>) {
+    for (subject, seqs) in by_subject {
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "{subject} out of order: {seqs:?}"
+        );
+    }
+}
+
+/// A row whose payload JetStream refuses (larger than the stream's `max_msg_size`, a transient
+/// error to the sender) is retried through the table's `retry_count` / `retry_at` columns and
+/// dead-lettered once `max_retries` is reached, which lets the rows behind it in its aggregate
+/// go, in order. Meanwhile the other aggregates are not held up: every one of their rows is
+/// sent while the refused row still waits for a retry.
+#[tokio::test]
+async fn a_refused_row_is_retried_then_dead_lettered_without_holding_up_other_aggregates()
+-> anyhow::Result<()> {
+    const N: i64 = 700;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(OUTBOX_DDL).await?;
+    let stream = TestStream::create("ferry_e2e_refused").await?;
+    let mut config = stream
+        .context
+        .get_stream(&stream.name)
+        .await?
+        .info()
+        .await?
+        .config
+        .clone();
+    config.max_message_size = 1024;
+    stream.context.update_stream(config).await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some(TableSource {
+            // Failures 1, 2 and 3 wait 2s, 4s and 8s: the rows of the other aggregates have
+            // long been sent when the refused row is dead-lettered.
+            receiver_extra: "    max_retries: 3\n    retry_backoff: 2s\n    retry_backoff_max: 8s\n"
+                .into(),
+            policy: "      send_retry_budget: 200ms\n      retry_backoff:\n        initial_interval: 20ms\n        max_interval: 50ms\n".into(),
+            ..TableSource::postgres(&db)
+        }),
+        direct_hold: true,
+        transport: "nats",
+        url: ferry_tests::nats::url(),
+        bindings: vec![(
+            "js".into(),
+            format!("{}.{{header:aggregate_id}}", stream.subject),
+        )],
+        dir: dir.path().to_owned(),
+    };
+    // The refused row heads aggregate `bad`; three rows follow it there.
+    app.batch_execute(&format!(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event, payload)
+             VALUES ('orders', 'bad', 'created', to_json(repeat('x', 4000)));
+         INSERT INTO outbox (aggregate_type, aggregate_id, event, payload)
+             SELECT 'orders', 'bad', 'created', to_json(i)
+             FROM generate_series({N}::bigint, {N}::bigint + 2) AS i"
+    ))
+    .await?;
+    insert_rows(&app, 0, N).await?;
+    let agent = relay.start_agent().await?;
+    wait::until(
+        DELIVERY,
+        "every row of the other aggregates sent",
+        || async {
+            app.query_one(
+                "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND aggregate_id <> 'bad'",
+                &[],
+            )
+            .await
+            .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+        },
+    )
+    .await?;
+    let head = app
+        .query_one(
+            "SELECT sent_at IS NULL, coalesce(retry_count, 0) FROM outbox ORDER BY id LIMIT 1",
+            &[],
+        )
+        .await?;
+    assert!(
+        head.get::<_, bool>(0),
+        "the refused row was settled before the other aggregates were done"
+    );
+    assert!(head.get::<_, i32>(1) < 3, "{}", head.get::<_, i32>(1));
+    all_rows_sent(&app).await?;
+    let total = u64::try_from(N)? + 4;
+    let counts = finished(&agent, &relay, total).await?;
+    assert_eq!(
+        (counts[0].sent, counts[0].dead_lettered),
+        (total - 1, 1),
+        "every row sent or dead-lettered, once"
+    );
+    let retries: i32 = app
+        .query_one("SELECT retry_count FROM outbox ORDER BY id LIMIT 1", &[])
+        .await?
+        .get(0);
+    assert_eq!(retries, 3);
+    let stored = stream
+        .wait_for(usize::try_from(total - 1)?, DELIVERY)
+        .await?;
+    let by_subject = per_subject(&stored);
+    assert_ordered(&by_subject);
+    let n = u64::try_from(N)?;
+    assert_eq!(
+        by_subject.get(&format!("{}.bad", stream.subject)),
+        Some(&vec![n, n + 1, n + 2])
+    );
+    assert_eq!(
+        seqs(stored.iter().map(|m| m.payload.as_slice())),
+        (0..n + 3).collect()
+    );
+    stream.delete().await?;
+    Ok(())
+}
+
+/// Seed 004's set-up on MariaDB: an application writes business rows, each with its outbox row
+/// in the same transaction, from several tasks at once; the agent relays the table to JetStream
+/// with per-aggregate subjects: every event arrives once and in order per aggregate, and the
+/// sent rows are purged after the (short) retention.
+#[tokio::test]
+async fn mariadb_outbox_table_to_jetstream_in_order_per_aggregate_then_purged() -> anyhow::Result<()>
+{
+    const WRITERS: u64 = 4;
+    const PER_WRITER: u64 = 150;
+    let db = TestMysql::create().await?;
+    let mut app = db.connect().await?;
+    app.query_drop("CREATE TABLE orders (id BIGINT PRIMARY KEY)")
+        .await?;
+    app.query_drop(
+        "CREATE TABLE outbox (
+             id BIGINT AUTO_INCREMENT PRIMARY KEY,
+             aggregate_type VARCHAR(255) NOT NULL,
+             aggregate_id VARCHAR(255) NOT NULL,
+             event VARCHAR(255) NOT NULL,
+             payload JSON NOT NULL,
+             retry_at DATETIME(6) NULL,
+             retry_count INT NULL,
+             sent_at DATETIME(6) NULL,
+             KEY outbox_aggregate (aggregate_id, id))",
+    )
+    .await?;
+    let stream = TestStream::create("ferry_e2e_mysql").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some(TableSource {
+            receiver_extra: "    retention: 1s\n".into(),
+            ..TableSource::mysql(&db)
+        }),
+        direct_hold: true,
+        transport: "nats",
+        url: ferry_tests::nats::url(),
+        bindings: vec![(
+            "js".into(),
+            format!("{}.{{header:aggregate_id}}", stream.subject),
+        )],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    // Each writer owns aggregates w{k}-0..2 and writes one transaction per event, so its
+    // events commit in id order per aggregate (as an application serializing each aggregate).
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let mut conn = db.connect().await?;
+        writers.push(tokio::spawn(async move {
+            for i in 0..PER_WRITER {
+                let seq = w * PER_WRITER + i;
+                let mut txn = conn
+                    .start_transaction(mysql_async::TxOpts::default())
+                    .await?;
+                txn.query_drop(format!("INSERT INTO orders VALUES ({seq})"))
+                    .await?;
+                txn.query_drop(format!(
+                    "INSERT INTO outbox (aggregate_type, aggregate_id, event, payload) \
+                     VALUES ('orders', 'w{w}-{}', 'created', '{seq}')",
+                    i % 3
+                ))
+                .await?;
+                txn.commit().await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for writer in writers {
+        writer.await??;
+    }
+    let total = WRITERS * PER_WRITER;
+    let counts = finished(&agent, &relay, total).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (total, 0));
+    let stored = stream.wait_for(usize::try_from(total)?, DELIVERY).await?;
+    assert_eq!(
+        stored.len(),
+        usize::try_from(total)?,
+        "each row stored once"
+    );
+    let by_subject = per_subject(&stored);
+    assert_eq!(by_subject.len(), usize::try_from(WRITERS * 3)?);
+    assert_ordered(&by_subject);
+    assert_eq!(
+        seqs(stored.iter().map(|m| m.payload.as_slice())),
+        (0..total).collect()
+    );
+    wait::until(DELIVERY, "the sent rows purged", || async {
+        match db.connect().await {
+            Ok(mut c) => c
+                .query_first::<i64, _>("SELECT count(*) FROM outbox")
+                .await
+                .is_ok_and(|n| n == Some(0)),
+            Err(_) => false,
+        }
+    })
+    .await?;
+    stream.delete().await?;
+    Ok(())
+}
+
+/// With the optional trigger installed and `notify_channel` set, a row is claimed as soon as
+/// it commits: the poll interval is an hour, so without the notification nothing would arrive
+/// within the test's wait.
+#[tokio::test]
+async fn postgres_notify_wakes_the_relay_before_the_poll_interval() -> anyhow::Result<()> {
+    const N: i64 = 50;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(OUTBOX_DDL).await?;
+    app.batch_execute(NOTIFY_TRIGGER).await?;
+    let stream = TestStream::create("ferry_e2e_notify").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some(TableSource {
+            poll_interval: "1h",
+            receiver_extra: "    notify_channel: ferry_outbox\n".into(),
+            ..TableSource::postgres(&db)
+        }),
+        direct_hold: true,
+        transport: "nats",
+        url: ferry_tests::nats::url(),
+        bindings: vec![(
+            "js".into(),
+            format!("{}.{{header:aggregate_id}}", stream.subject),
+        )],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    // Ready means connected and past the first (empty) claim's start; rows inserted now are
+    // found by a notification, one transaction each.
+    for i in 0..N {
+        insert_rows(&app, i, i + 1).await?;
+    }
+    let stored = stream.wait_for(N as usize, DELIVERY).await?;
+    assert_eq!(
+        seqs(stored.iter().map(|m| m.payload.as_slice())),
+        (0..u64::try_from(N)?).collect()
+    );
+    all_rows_sent(&app).await?;
+    drop(agent);
+    stream.delete().await?;
+    Ok(())
+}
+
+/// The optional trigger of docs/configuration.md ("Wake-up on PostgreSQL").
+const NOTIFY_TRIGGER: &str = "
+    CREATE FUNCTION ferry_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_notify('ferry_outbox', '');
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER ferry_outbox_notify AFTER INSERT ON outbox
+        FOR EACH STATEMENT EXECUTE FUNCTION ferry_outbox_notify()";

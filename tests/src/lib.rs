@@ -13,6 +13,8 @@
 //! - [`moto`]: one moto server (SQS + DynamoDB) shared by the tests of a process, and SDK clients
 //!   pointed at it.
 //! - [`postgres`]: a fresh PostgreSQL database per test, dropped afterwards.
+//! - [`mysql`]: a fresh MySQL / MariaDB database per test (`$FERRY_TEST_MYSQL`), dropped
+//!   afterwards.
 //! - [`rabbitmq`]: an exclusive RabbitMQ queue per test, consumed into memory.
 //! - [`nats`]: a JetStream stream per test with unique subjects.
 //! - [`proxy`]: a TCP proxy a test cuts and restores, to take a broker or a store's server away
@@ -44,6 +46,7 @@ pub mod ids;
 pub mod mosquitto;
 pub mod moto;
 pub mod mqtt;
+pub mod mysql;
 pub mod nats;
 pub mod otlp;
 pub mod ports;
