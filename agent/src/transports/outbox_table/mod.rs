@@ -25,8 +25,9 @@
 //!   every row it locked is settled, so one slow row (a long retry) held back the `sent_at` of
 //!   its whole batch and, with it, every other aggregate.
 //! - **Per-aggregate order: only head rows are claimed.** A row is claimable only if no row with
-//!   the same `aggregate_id` and a smaller id is still unsent (a non-locking read in the claim
-//!   transaction, then the lock re-checks the row itself). So at most one row per aggregate is in
+//!   the same `aggregate_id` and a smaller id is still unsent (a non-locking read of each
+//!   aggregate's first unsent row just before the claim transaction; the locking read then
+//!   re-checks that each row is still unsent and due). So at most one row per aggregate is in
 //!   flight anywhere, the next one becomes claimable only after the previous one was marked
 //!   sent (or dead-lettered), and a row that failed and waits for its `retry_at` holds back its
 //!   aggregate, and only its aggregate. A second agent that finds the head locked or leased by

@@ -3,9 +3,10 @@
 //!
 //! Statements go as text: the only values in them are row ids, counts and durations, all
 //! integers written by Rust, and the validated table and column names, so there is nothing
-//! to escape and no prepared statement per id-list length to cache. The claim transaction
-//! runs at `READ COMMITTED`, so its non-locking read of the heads sees the latest commits (at
-//! MySQL's default `REPEATABLE READ` it would see a snapshot). Rows are read as
+//! to escape and no prepared statement per id-list length to cache. The heads are read in
+//! autocommit (a fresh snapshot each time); the claim transaction runs at `READ COMMITTED`,
+//! so its locking read takes row locks only, no gap locks that would block the application's
+//! inserts (as `REPEATABLE READ`, the default, may). Rows are read as
 //! [`mysql_async::Row`] and converted value by value: a value of an unexpected type is an
 //! error, never a panic.
 
