@@ -891,3 +891,68 @@ const NOTIFY_TRIGGER: &str = "
     END $$;
     CREATE TRIGGER ferry_outbox_notify AFTER INSERT ON outbox
         FOR EACH STATEMENT EXECUTE FUNCTION ferry_outbox_notify()";
+
+/// Seed 002's set-up: an application writes business rows, each with its outbox row in the same
+/// transaction, on PostgreSQL; the agent relays the table to a RabbitMQ queue (publisher
+/// confirms, `direct_hold`): every event arrives, persistent, with `message_id` = `outbox:ID`,
+/// in order per aggregate, and every row is marked sent.
+#[tokio::test]
+async fn postgres_outbox_table_to_rabbitmq_in_order_per_aggregate() -> anyhow::Result<()> {
+    const N: i64 = 500;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(OUTBOX_DDL).await?;
+    let queue = TestQueue::declare("ferry-e2e-table").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some(TableSource::postgres(&db)),
+        direct_hold: true,
+        transport: "rabbitmq",
+        url: ferry_tests::rabbitmq::url(),
+        bindings: vec![("q".into(), format!("/{}", queue.name))],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    for i in 0..N {
+        app.batch_execute(&format!(
+            "BEGIN;
+             INSERT INTO orders VALUES ({i});
+             INSERT INTO outbox (aggregate_type, aggregate_id, event, payload)
+                 VALUES ('orders', 'a{}', 'created', '{i}');
+             COMMIT",
+            i % 5
+        ))
+        .await?;
+    }
+    let n = u64::try_from(N)?;
+    let counts = finished(&agent, &relay, n).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (n, 0));
+    let got = queue
+        .wait_until(DELIVERY, "every row in the queue", |r| {
+            r.len() >= N as usize
+        })
+        .await?;
+    assert_eq!(got.len(), N as usize, "each row once");
+    let mut by_aggregate: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for m in &got {
+        let seq = parse_seq(&m.payload).unwrap_or(u64::MAX);
+        assert_eq!(
+            m.message_id.as_deref(),
+            Some(format!("outbox:{}", seq + 1).as_str())
+        );
+        assert_eq!(m.delivery_mode, Some(2), "persistent");
+        let aggregate = m.headers.get("aggregate_id").cloned().unwrap_or_default();
+        assert_eq!(aggregate, format!("a{}", seq % 5), "{m:?}");
+        by_aggregate.entry(aggregate).or_default().push(seq);
+    }
+    assert_ordered(&by_aggregate);
+    assert_eq!(
+        seqs(got.iter().map(|m| m.payload.as_slice())),
+        (0..n).collect()
+    );
+    all_rows_sent(&app).await?;
+    queue.delete().await;
+    Ok(())
+}
