@@ -359,3 +359,157 @@ fn envelope_of(s: &TableSettings, row: Row) -> Envelope {
     envelope.headers = headers;
     envelope
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transports::outbox_table::{Columns, Database};
+
+    /// Records what the relay writes.
+    #[derive(Default)]
+    struct Recorded {
+        sent: Vec<i64>,
+        released: Vec<i64>,
+        retried: Vec<(i64, u32, Duration)>,
+    }
+
+    impl Dialect for Recorded {
+        async fn connect(_: &TableSettings) -> Result<Self, DbError> {
+            Ok(Self::default())
+        }
+        async fn claim(&mut self, _: u32) -> Result<Vec<Row>, DbError> {
+            Ok(Vec::new())
+        }
+        async fn settle_sent(&mut self, ids: &[i64], _: OnSent) -> Result<(), DbError> {
+            self.sent.extend(ids);
+            Ok(())
+        }
+        async fn retry_later(&mut self, id: i64, n: u32, delay: Duration) -> Result<(), DbError> {
+            self.retried.push((id, n, delay));
+            Ok(())
+        }
+        async fn release(&mut self, ids: &[i64]) -> Result<(), DbError> {
+            self.released.extend(ids);
+            Ok(())
+        }
+        async fn extend(&mut self, _: &[i64]) -> Result<(), DbError> {
+            Ok(())
+        }
+        async fn purge(&mut self, _: Duration) -> Result<u64, DbError> {
+            Ok(0)
+        }
+        async fn woken(&mut self) {
+            std::future::pending().await
+        }
+    }
+
+    fn settings() -> TableSettings {
+        TableSettings {
+            name: "db".into(),
+            database: Database::Postgres,
+            url: "postgres://h/db".into(),
+            username: None,
+            password: None,
+            table: "outbox".into(),
+            columns: Columns::default(),
+            poll_interval: Duration::from_secs(1),
+            batch_size: 10,
+            claim_ttl: Duration::from_secs(30),
+            max_retries: 2,
+            retry_backoff: Duration::from_secs(1),
+            retry_backoff_max: Duration::from_secs(60),
+            on_sent: OnSent::Mark,
+            retention: None,
+            notify_channel: None,
+        }
+    }
+
+    fn state() -> State {
+        let (outcomes_tx, outcomes) = mpsc::unbounded_channel();
+        State {
+            in_flight: HashMap::new(),
+            pending: Vec::new(),
+            outcomes_tx,
+            outcomes,
+        }
+    }
+
+    fn row(id: i64, retry_count: u32) -> Row {
+        Row {
+            id,
+            aggregate_type: Some("orders".into()),
+            aggregate_id: Some("a1".into()),
+            event: None,
+            payload: b"{}".to_vec(),
+            retry_count,
+        }
+    }
+
+    /// Acknowledged rows are marked, a shutdown gives the row back uncounted, every other
+    /// unacknowledged outcome counts a retry with the row's backoff.
+    #[tokio::test]
+    async fn outcomes_become_sent_released_or_retried_rows() {
+        let s = settings();
+        let mut db = Recorded::default();
+        let mut state = state();
+        state.in_flight.extend([(1, 0), (2, 0), (3, 2), (4, 0)]);
+        state.pending.extend([
+            (1, Outcome::DeadLettered),
+            (2, Outcome::Shutdown),
+            (3, Outcome::Failed),
+            (4, Outcome::BackPressure),
+        ]);
+        flush(&s, &mut db, &mut state).await.expect("flush");
+        assert_eq!(db.sent, [1]);
+        assert_eq!(db.released, [2]);
+        assert_eq!(
+            db.retried,
+            [
+                (3, 3, Duration::from_secs(4)),
+                (4, 1, Duration::from_secs(1))
+            ]
+        );
+        assert!(state.in_flight.is_empty() && state.pending.is_empty());
+    }
+
+    /// A row within its retries goes as it is; one that reached `max_retries` goes with a
+    /// defect, which the route dead-letters. Either way its settle comes back with its id.
+    #[tokio::test]
+    async fn a_row_past_its_retries_is_handed_out_for_the_dlq() {
+        let s = settings();
+        let (deliveries, mut receiver) = mpsc::channel(10);
+        let link = Link {
+            deliveries,
+            connected: watch::channel(true).0,
+            reconnects: Arc::new(AtomicU64::new(0)),
+            shutdown: CancellationToken::new(),
+        };
+        let mut state = state();
+        assert!(hand_out(&s, &link, &mut state, row(7, 1)));
+        assert!(hand_out(&s, &link, &mut state, row(8, 2)));
+        let first = receiver.recv().await.expect("delivery");
+        assert_eq!(first.envelope.id, "outbox:7");
+        assert_eq!(first.envelope.header("aggregate_id"), Some("a1"));
+        assert!(first.defect.is_none() && first.redelivered && first.source_retries);
+        let second = receiver.recv().await.expect("delivery");
+        assert_eq!(
+            second.defect,
+            Some(Defect::RetriesExhausted {
+                retries: 2,
+                limit: 2
+            })
+        );
+        second.settle.settle(Outcome::DeadLettered);
+        drop(first);
+        let mut settled = vec![
+            state.outcomes.recv().await.expect("settled"),
+            state.outcomes.recv().await.expect("settled"),
+        ];
+        settled.sort_by_key(|(id, _)| *id);
+        assert_eq!(
+            settled,
+            [(7, Outcome::Abandoned), (8, Outcome::DeadLettered)]
+        );
+        assert_eq!(state.in_flight.len(), 2);
+    }
+}
