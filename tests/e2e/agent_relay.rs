@@ -838,7 +838,7 @@ async fn mariadb_outbox_table_to_jetstream_in_order_per_aggregate_then_purged() 
 
 /// With the optional trigger installed and `notify_channel` set, a row is claimed as soon as
 /// it commits: the poll interval is an hour, so without the notification nothing would arrive
-/// within the test's wait.
+/// within the test's wait. With `on_sent: delete` every relayed row is gone from the table.
 #[tokio::test]
 async fn postgres_notify_wakes_the_relay_before_the_poll_interval() -> anyhow::Result<()> {
     const N: i64 = 50;
@@ -853,7 +853,7 @@ async fn postgres_notify_wakes_the_relay_before_the_poll_interval() -> anyhow::R
         mqtt: String::new(),
         table: Some(TableSource {
             poll_interval: "1h",
-            receiver_extra: "    notify_channel: ferry_outbox\n".into(),
+            receiver_extra: "    notify_channel: ferry_outbox\n    on_sent: delete\n".into(),
             ..TableSource::postgres(&db)
         }),
         direct_hold: true,
@@ -876,7 +876,12 @@ async fn postgres_notify_wakes_the_relay_before_the_poll_interval() -> anyhow::R
         seqs(stored.iter().map(|m| m.payload.as_slice())),
         (0..u64::try_from(N)?).collect()
     );
-    all_rows_sent(&app).await?;
+    wait::until(DELIVERY, "every relayed row deleted", || async {
+        app.query_one("SELECT count(*) FROM outbox", &[])
+            .await
+            .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+    })
+    .await?;
     drop(agent);
     stream.delete().await?;
     Ok(())
