@@ -11,7 +11,6 @@ use futures::future::{BoxFuture, OptionFuture};
 use futures::stream::FuturesUnordered;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::{Drainer, SEND_WINDOW};
 use crate::metrics::Terminal;
@@ -419,17 +418,17 @@ impl Drainer {
                 failure.reason.as_str(),
                 &r.envelope.trace,
             );
-            match write_disposal(
-                &self.identity,
-                self.dlq.as_ref(),
-                action,
-                binding,
-                r.id.clone(),
-                &r.envelope,
-                failure,
-            )
-            .instrument(span)
-            .await
+            match span
+                .scope(write_disposal(
+                    &self.identity,
+                    self.dlq.as_ref(),
+                    action,
+                    binding,
+                    r.id.clone(),
+                    &r.envelope,
+                    failure,
+                ))
+                .await
             {
                 Ok((terminal, _)) => {
                     self.state.dlq_writes.succeeded(&self.partition);

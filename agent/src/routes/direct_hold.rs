@@ -39,7 +39,6 @@ use ferry_shared::envelope::Envelope;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::hold::StoreHold;
 use super::{
@@ -120,9 +119,7 @@ impl Running {
     async fn handle(self: Arc<Self>, mut delivery: Delivery, shutdown: CancellationToken) {
         let receive = spans::receive(&self.route.identity.route_id, &delivery.envelope);
         spans::stamp(&receive, &mut delivery.envelope);
-        self.handle_in_span(delivery, shutdown)
-            .instrument(receive)
-            .await;
+        receive.scope(self.handle_in_span(delivery, shutdown)).await;
     }
 
     async fn handle_in_span(self: Arc<Self>, delivery: Delivery, shutdown: CancellationToken) {
@@ -315,7 +312,7 @@ impl Running {
                         failure.reason.as_str(),
                         &envelope.trace,
                     );
-                    dispose(
+                    span.instrument(dispose(
                         &route.identity,
                         route.dlq.as_ref(),
                         action,
@@ -325,8 +322,7 @@ impl Running {
                         failure.clone(),
                         envelope.source.received_at,
                         true,
-                    )
-                    .instrument(span)
+                    ))
                 },
             )
             .await;

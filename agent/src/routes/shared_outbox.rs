@@ -47,12 +47,11 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, Span};
 
 use super::hold::StoreHold;
 use super::{Failure, RouteBinding, RouteIdentity, delivery_dlq_id, dispose, with_ttl};
 use crate::metrics::RouteMetrics;
-use crate::spans;
+use crate::spans::{self, MessageSpan};
 use crate::stores::{DlqReason, DlqStore, NewMessage, NewRecord, OutboxStore};
 use crate::transports::{Delivery, Outcome, Receiver};
 
@@ -309,8 +308,8 @@ impl Running {
         let receive = spans::receive(&self.writer.identity.route_id, &delivery.envelope);
         spans::stamp(&receive, &mut delivery.envelope);
         let append = spans::append(&receive, &self.writer.partition, self.writer.bindings.len());
-        self.handle_in_span(delivery, shutdown, append)
-            .instrument(receive)
+        receive
+            .scope(self.handle_in_span(delivery, shutdown, append))
             .await;
     }
 
@@ -318,7 +317,7 @@ impl Running {
         self: Arc<Self>,
         delivery: Delivery,
         shutdown: CancellationToken,
-        append: Span,
+        append: MessageSpan,
     ) {
         let w = &self.writer;
         let Delivery {
@@ -364,7 +363,7 @@ impl Running {
                 self.dispose_all(&envelope, action, &failure, &shutdown)
                     .await
             }
-            None => self.append(&envelope, &shutdown).instrument(append).await,
+            None => append.instrument(self.append(&envelope, &shutdown)).await,
         };
         if !matches!(outcome, Outcome::Persisted) {
             // Nothing appended: the reservation goes back.
@@ -403,7 +402,7 @@ impl Running {
                             failure.reason.as_str(),
                             &envelope.trace,
                         );
-                        dispose(
+                        span.instrument(dispose(
                             &w.identity,
                             w.dlq.as_ref(),
                             action,
@@ -413,8 +412,7 @@ impl Running {
                             failure.clone(),
                             envelope.source.received_at,
                             true,
-                        )
-                        .instrument(span)
+                        ))
                     },
                 )
                 .await;

@@ -1,14 +1,13 @@
 //! Trace and span ids on log lines, without formatting them into every span.
 //!
 //! A log line written inside a traced span names that span's `trace_id` and
-//! `span_id`, so the line leads to its trace. The ids are read from the
-//! OpenTelemetry context of the current span when the line is written, not
-//! recorded as span fields: the log layer would format every field of every
-//! span into a string when the span is created (whether or not a line is ever
-//! written inside it), which measured about a sixth of tracing's cost per
-//! message (`docs/benchmarks.md`, tracing overhead). That is also why the
-//! per-message spans ([`MESSAGE_TARGET`]) are hidden from the log layer: they
-//! are exported, and a line inside one still carries its ids.
+//! `span_id`, so the line leads to its trace (a message span's, inside
+//! [`super::message::MessageSpan::scope`]). The ids are read from the span's
+//! OpenTelemetry context when the line is written, not recorded as span
+//! fields: the log layer would format every field of every span into a string
+//! when the span is created (whether or not a line is ever written inside
+//! it), which measured about a sixth of tracing's cost per message
+//! (`docs/benchmarks.md`, tracing overhead).
 //!
 //! Text lines end with ` trace_id=… span_id=…`; JSON lines start with
 //! `"trace_id":"…","span_id":"…"`. Without a traced current span, or with
@@ -22,10 +21,6 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
-
-/// The target of the spans made per message (the agent's `receive`, `send`,
-/// …): exported, never formatted by the log layer.
-pub const MESSAGE_TARGET: &str = "ferry::message";
 
 /// An event format that adds the current span's trace and span ids to the
 /// line `F` writes.
@@ -52,12 +47,17 @@ where
     }
 }
 
-/// The ids of the current span when it is traced. The log layer is installed
-/// as the global default, so `Span::current` inside its callback reaches the
-/// registry (a scoped dispatcher would see none while dispatching).
+/// The ids of the message span the line is written in (the innermost span
+/// of the data path, see [`super::message`]), else of the current span when it
+/// is traced. The log layer is installed as the global default, so
+/// `Span::current` inside its callback reaches the registry (a scoped
+/// dispatcher would see none while dispatching).
 fn current_ids() -> Option<(String, String)> {
     if !super::is_tracing() {
         return None;
+    }
+    if let Some((trace_id, span_id)) = super::message::current_ids() {
+        return Some((trace_id.to_string(), span_id.to_string()));
     }
     let span = tracing::Span::current();
     if span.is_disabled() {

@@ -16,11 +16,13 @@
 //! traced span names its `trace_id` and `span_id` ([`log_ids`]).
 //!
 //! [`propagation`] carries W3C trace context between spans and the envelope
-//! or gRPC metadata.
+//! or gRPC metadata; the spans made per message are [`message`] spans, made on
+//! the SDK's tracer without `tracing`'s registry.
 
 mod args;
 mod export;
 mod log_ids;
+pub mod message;
 pub mod propagation;
 
 use std::collections::BTreeMap;
@@ -33,14 +35,13 @@ use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_subscriber::Layer;
-use tracing_subscriber::filter::{FilterExt as _, filter_fn};
+use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 pub use args::TelemetryArgs;
 pub use export::{EXPORT_TIMEOUT, MAX_BATCH, QUEUE_CAPACITY, dropped_spans};
-pub use log_ids::MESSAGE_TARGET;
 
 use crate::config::{Env, Telemetry as TelemetryConfig};
 use log_ids::WithTraceIds;
@@ -276,16 +277,14 @@ pub fn init(settings: Settings) -> Result<Telemetry, TelemetryError> {
             .map_event_format(WithTraceIds)
             .boxed(),
     }
-    // The per-message spans are exported, not formatted (see `log_ids`).
-    .with_filter(filter.and(filter_fn(|meta| {
-        !(meta.is_span() && meta.target() == MESSAGE_TARGET)
-    })));
+    .with_filter(filter);
     tracing_subscriber::registry()
         .with(log)
         .with(otel)
         .try_init()
         .map_err(|e| TelemetryError::AlreadySet(e.to_string()))?;
-    if export.is_some() {
+    if let Some((provider, _)) = &export {
+        message::set_tracer(Some(provider.tracer("ferry")));
         TRACING.store(true, Ordering::Relaxed);
         tracing::info!(
             endpoint = endpoint.as_deref().unwrap_or_default(),
@@ -342,6 +341,7 @@ impl Telemetry {
     pub async fn shutdown(self) {
         if let Some((provider, task)) = self.export {
             TRACING.store(false, Ordering::Relaxed);
+            message::set_tracer(None);
             task.flush_and_stop(FLUSH_TIMEOUT).await;
             if let Err(e) = provider.shutdown() {
                 tracing::debug!(error = %e, "tracer provider shutdown");
