@@ -196,3 +196,46 @@ impl LeaseStore for DynamoDbLeaseStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::stores::conformance::{dynamodb_table, t};
+
+    /// Agents acquiring one free key at once: exactly one is granted, and
+    /// the others see its grant (the `rev` condition decides the race).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn agents_racing_for_a_key_get_one_grant() {
+        let (client, options) = dynamodb_table("lease").await;
+        let mut stores = Vec::new();
+        for _ in 0..4 {
+            let store = DynamoDbLeaseStore::open_with(client.clone(), options.clone())
+                .await
+                .expect("open");
+            stores.push(Arc::new(store));
+        }
+        let calls: Vec<_> = stores
+            .iter()
+            .enumerate()
+            .map(|(i, store)| {
+                let store = Arc::clone(store);
+                tokio::spawn(async move {
+                    store
+                        .acquire("k", &format!("agent-{i}"), Duration::from_secs(10), t(0))
+                        .await
+                })
+            })
+            .collect();
+        let mut granted = Vec::new();
+        for call in calls {
+            match call.await.expect("task").expect("acquire") {
+                Acquired::Granted(lease) => granted.push(lease),
+                Acquired::HeldByOther(lease) => assert_eq!(lease.version, 1),
+            }
+        }
+        assert_eq!(granted.len(), 1, "{granted:?}");
+        assert_eq!(granted[0].version, 1);
+    }
+}
