@@ -41,7 +41,7 @@
 //!    makes it `Stale`).
 //! 6. **A message goes with its last record.** A completion groups the
 //!    records it deletes by message and reads which records of each message
-//!    are left. The transaction deleting a message's last records deletes
+//!    are left (none when it deletes every seq of the message). The transaction deleting a message's last records deletes
 //!    the message item too; one that leaves records checks that they still
 //!    exist, so that of two completions emptying one message at once the
 //!    second is cancelled, reads again and deletes the message item. A
@@ -597,15 +597,20 @@ impl DynamoDbOutboxStore {
     ) -> StoreResult<Group> {
         let rpk = records_pk(partition);
         let mut others = Vec::new();
-        self.table
-            .query(&rpk, (msg, msg_last), PAGE, |item| {
-                let seq = get_n::<u64>(&item, "sk")?;
-                if seqs.binary_search(&seq).is_err() {
-                    others.push(seq);
-                }
-                Ok(true)
-            })
-            .await?;
+        // Usually a message's records complete together: when `seqs` are
+        // all of them, none can be left and there is nothing to read.
+        let whole = u64::try_from(seqs.len()).is_ok_and(|len| msg + len == msg_last + 1);
+        if !whole {
+            self.table
+                .query(&rpk, (msg, msg_last), PAGE, |item| {
+                    let seq = get_n::<u64>(&item, "sk")?;
+                    if seqs.binary_search(&seq).is_err() {
+                        others.push(seq);
+                    }
+                    Ok(true)
+                })
+                .await?;
+        }
         let mut actions = Vec::with_capacity(seqs.len() + others.len().max(1));
         for seq in &seqs {
             let delete = Delete::builder()
