@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use ferry_shared::config::secret::mask_url;
 use ferry_shared::config::store::{
-    ControlPlaneOptions, PostgresOptions as PostgresConfig, PostgresOutboxOptions,
-    SqliteOptions as SqliteConfig, SqliteOutboxOptions, SqliteSynchronous,
+    ControlPlaneOptions, DynamoDbOptions as DynamoDbConfig, DynamoDbOutboxOptions,
+    PostgresOptions as PostgresConfig, PostgresOutboxOptions, SqliteOptions as SqliteConfig,
+    SqliteOutboxOptions, SqliteSynchronous,
 };
 use ferry_shared::config::{
     DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, ProtocolVersion, Receiver, Route, Session,
@@ -17,6 +18,9 @@ use ferry_shared::config::{
 
 use super::BuildError;
 use crate::stores::control_plane::{ControlPlaneDlqStore, ControlPlaneLeaseStore};
+use crate::stores::dynamodb::{
+    DynamoDbDlqStore, DynamoDbLeaseStore, DynamoDbOptions, DynamoDbOutboxStore,
+};
 use crate::stores::memory::{MemoryDlqStore, MemoryLeaseStore, MemoryOutboxStore};
 use crate::stores::postgres::{
     PostgresDlqStore, PostgresLeaseStore, PostgresOptions, PostgresOutboxStore,
@@ -339,10 +343,34 @@ fn endpoint(o: &ControlPlaneOptions, managed_by: Option<&str>) -> ControlPlaneOp
     }
 }
 
-fn unsupported(store: &str, kind: &str) -> BuildError {
-    BuildError::Unsupported(format!(
-        "stores.{store}: type {kind} is not supported by this agent yet"
-    ))
+fn dynamodb(
+    table_name: &str,
+    region: &Option<String>,
+    endpoint_url: &Option<String>,
+    create_tables: bool,
+) -> DynamoDbOptions {
+    DynamoDbOptions {
+        region: region.clone(),
+        endpoint_url: endpoint_url.clone(),
+        create_tables,
+        ..DynamoDbOptions::new(table_name)
+    }
+}
+
+fn dynamodb_store(o: &DynamoDbConfig) -> DynamoDbOptions {
+    dynamodb(&o.table_name, &o.region, &o.endpoint_url, o.create_tables)
+}
+
+fn dynamodb_outbox(o: &DynamoDbOutboxOptions, stale: Duration) -> DynamoDbOptions {
+    DynamoDbOptions {
+        stale_claim_duration: stale,
+        ..dynamodb(&o.table_name, &o.region, &o.endpoint_url, o.create_tables)
+    }
+}
+
+/// What a store's open failure names: a DynamoDB table.
+fn table(name: &str) -> String {
+    format!("dynamodb table {name}")
 }
 
 fn open_failed(store: &str, path: &str, e: impl std::fmt::Display) -> BuildError {
@@ -364,7 +392,10 @@ pub(super) async fn outbox(
             .await
             .map(|s| Arc::new(s) as Arc<dyn OutboxStore>)
             .map_err(|e| open_failed("outbox", &mask_url(o.url.expose()), e)),
-        other => Err(unsupported("outbox", other.type_name())),
+        OutboxStoreConfig::Dynamodb(o) => DynamoDbOutboxStore::open(dynamodb_outbox(o, stale))
+            .await
+            .map(|s| Arc::new(s) as Arc<dyn OutboxStore>)
+            .map_err(|e| open_failed("outbox", &table(&o.table_name), e)),
     }
 }
 
@@ -390,7 +421,10 @@ pub(super) async fn lease(
                 .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
                 .map_err(|e| BuildError::Store(e.to_string()))
         }
-        other => Err(unsupported("lease", other.type_name())),
+        LeaseStoreConfig::Dynamodb(o) => DynamoDbLeaseStore::open(dynamodb_store(o))
+            .await
+            .map(|s| Arc::new(s) as Arc<dyn LeaseStore>)
+            .map_err(|e| open_failed("lease", &table(&o.table_name), e)),
     }
 }
 
@@ -415,6 +449,9 @@ pub(super) async fn dlq(
                 .map(|s| Arc::new(s) as Arc<dyn DlqStore>)
                 .map_err(|e| BuildError::Store(e.to_string()))
         }
-        other => Err(unsupported("dlq", other.type_name())),
+        DlqStoreConfig::Dynamodb(o) => DynamoDbDlqStore::open(dynamodb_store(o))
+            .await
+            .map(|s| Arc::new(s) as Arc<dyn DlqStore>)
+            .map_err(|e| open_failed("dlq", &table(&o.table_name), e)),
     }
 }

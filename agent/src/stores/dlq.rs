@@ -2,6 +2,7 @@
 //! form, and paging, shared by every backend. The reason, the filter and the
 //! counts come from [`ferry_shared::dlq`], which the control plane uses too.
 
+use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use ferry_shared::api::v1 as pb;
@@ -217,4 +218,72 @@ pub struct DlqStats {
     pub rows: Vec<DlqStat>,
     /// All matching entries.
     pub total: u64,
+}
+
+/// The page of `entries` (in listing order: `dead_lettered_at`, then id)
+/// that `filter` and `page` select: for stores that list in memory.
+pub(crate) fn page_of<'a>(
+    entries: impl Iterator<Item = &'a DlqEntry>,
+    filter: &DlqFilter,
+    page: &PageRequest,
+) -> StoreResult<DlqPage> {
+    let size = page.effective_size();
+    let after = page.after()?;
+    let mut selected = Vec::new();
+    for e in entries {
+        if let Some((nanos, id)) = &after
+            && (unix_nanos(e.dead_lettered_at)?, &e.id) <= (*nanos, id)
+        {
+            continue;
+        }
+        if e.matches(filter) {
+            selected.push(e.clone());
+            if selected.len() > size {
+                break;
+            }
+        }
+    }
+    let more = selected.len() > size;
+    selected.truncate(size);
+    let next_page_token = match (more, selected.last()) {
+        (true, Some(last)) => Some(token_after(last)?),
+        _ => None,
+    };
+    Ok(DlqPage {
+        entries: selected,
+        next_page_token,
+    })
+}
+
+/// The counts of the `entries` that `filter` selects: for stores that count
+/// in memory.
+pub(crate) fn stats_of<'a>(
+    entries: impl Iterator<Item = &'a DlqEntry>,
+    filter: &DlqFilter,
+) -> DlqStats {
+    let mut rows: BTreeMap<(&str, &str, &str, i32), DlqStat> = BTreeMap::new();
+    let mut total = 0;
+    for e in entries.filter(|e| e.matches(filter)) {
+        total += 1;
+        let key = (
+            e.bridge_id.as_str(),
+            e.route_id.as_str(),
+            e.binding_id.as_str(),
+            e.reason.code(),
+        );
+        let row = rows.entry(key).or_insert_with(|| DlqStat {
+            bridge_id: e.bridge_id.clone(),
+            route_id: e.route_id.clone(),
+            binding_id: e.binding_id.clone(),
+            reason: e.reason,
+            count: 0,
+            oldest: e.dead_lettered_at,
+        });
+        row.count += 1;
+        row.oldest = row.oldest.min(e.dead_lettered_at);
+    }
+    DlqStats {
+        rows: rows.into_values().collect(),
+        total,
+    }
 }

@@ -1,9 +1,9 @@
 //! The agent's stores: the outbox, the lease store and the dead-letter queue.
 //!
 //! Each is a trait with interchangeable backends (`memory` for development,
-//! `sqlite` for a single durable node, `postgres` for stores several agents
-//! share, `control_plane` for leases and dead letters kept by the control
-//! plane; `dynamodb` later). The
+//! `sqlite` for a single durable node, `postgres` and `dynamodb` for stores
+//! several agents share, `control_plane` for leases and dead letters kept by
+//! the control plane). The
 //! traits are dyn-compatible (`Arc<dyn OutboxStore>`), their futures are
 //! `Send`, and every backend passes the same conformance suite
 //! (`conformance`; the lease and DLQ suites are exported with the
@@ -74,6 +74,7 @@ use std::time::{Duration, SystemTime};
 
 pub mod control_plane;
 mod dlq;
+pub mod dynamodb;
 mod lease;
 pub mod memory;
 pub mod observed;

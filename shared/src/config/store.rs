@@ -245,6 +245,10 @@ pub struct DynamoDbOptions {
     /// Endpoint override, e.g. a local emulator.
     #[serde(default)]
     pub endpoint_url: Option<String>,
+    /// Create the table (on-demand billing) when it does not exist, and wait until it is
+    /// active. Default false: a missing table is a startup error.
+    #[serde(default)]
+    pub create_tables: bool,
 }
 
 /// Options of a `dynamodb` outbox.
@@ -260,6 +264,10 @@ pub struct DynamoDbOutboxOptions {
     /// Endpoint override, e.g. a local emulator.
     #[serde(default)]
     pub endpoint_url: Option<String>,
+    /// Create the table (on-demand billing) when it does not exist, and wait until it is
+    /// active. Default false: a missing table is a startup error.
+    #[serde(default)]
+    pub create_tables: bool,
     /// After how long the owner's own unfinished claim is handed out again. Default 5m; must
     /// exceed every shared_outbox route's `send_timeout`.
     #[serde(default)]

@@ -2,9 +2,13 @@
 
 use std::sync::Arc;
 
+use ferry_tests::moto::Moto;
 use ferry_tests::postgres::TestDatabase;
 
 use super::{Guard, Harness, OutboxHarness, STALE};
+use crate::stores::dynamodb::{
+    DynamoDbDlqStore, DynamoDbLeaseStore, DynamoDbOptions, DynamoDbOutboxStore,
+};
 use crate::stores::memory::{MemoryDlqStore, MemoryLeaseStore, MemoryOutboxStore};
 use crate::stores::postgres::{
     PostgresDlqStore, PostgresLeaseStore, PostgresOptions, PostgresOutboxStore,
@@ -32,6 +36,18 @@ pub(crate) async fn postgres_database() -> (PostgresOptions, TestDatabase) {
         ..PostgresOptions::new(database.url().expect("database url"))
     };
     (options, database)
+}
+
+/// A client of the shared moto server and the options of a store on a
+/// fresh table there (created when the store opens).
+pub(crate) async fn dynamodb_table(prefix: &str) -> (aws_sdk_dynamodb::Client, DynamoDbOptions) {
+    let moto = Moto::shared().await.expect("moto (set FERRY_VENV)");
+    let options = DynamoDbOptions {
+        create_tables: true,
+        stale_claim_duration: STALE,
+        ..DynamoDbOptions::new(ferry_tests::ids::unique(prefix))
+    };
+    (moto.dynamodb(), options)
 }
 
 fn temp_dir() -> tempfile::TempDir {
@@ -105,6 +121,35 @@ impl OutboxHarness for PostgresOutboxStore {
 
     fn envelopes<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<usize>> {
         Box::pin(PostgresOutboxStore::envelopes(self, partition))
+    }
+}
+
+/// Reopens a DynamoDB store on the same table with the same client.
+macro_rules! dynamodb_harness {
+    ($store:ident) => {
+        impl Harness for $store {
+            const DURABLE: bool = true;
+            fn reopen(self) -> BoxFuture<'static, Self> {
+                Box::pin(async move {
+                    let (client, options) = (self.client().clone(), self.options().clone());
+                    drop(self);
+                    $store::open_with(client, options).await.expect("reopen")
+                })
+            }
+        }
+    };
+}
+dynamodb_harness!(DynamoDbOutboxStore);
+dynamodb_harness!(DynamoDbLeaseStore);
+dynamodb_harness!(DynamoDbDlqStore);
+
+impl OutboxHarness for DynamoDbOutboxStore {
+    fn dump<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
+        Box::pin(DynamoDbOutboxStore::dump(self, partition))
+    }
+
+    fn envelopes<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<usize>> {
+        Box::pin(DynamoDbOutboxStore::envelopes(self, partition))
     }
 }
 
@@ -240,7 +285,34 @@ pub(crate) async fn postgres_dlq() -> (PostgresDlqStore, Guard) {
     (store, Box::new(database))
 }
 
+pub(crate) async fn dynamodb_outbox() -> (DynamoDbOutboxStore, Guard) {
+    let (client, options) = dynamodb_table("outbox").await;
+    let store = DynamoDbOutboxStore::open_with(client, options)
+        .await
+        .expect("open outbox");
+    (store, Box::new(()))
+}
+
+pub(crate) async fn dynamodb_lease() -> (DynamoDbLeaseStore, Guard) {
+    let (client, options) = dynamodb_table("lease").await;
+    let store = DynamoDbLeaseStore::open_with(client, options)
+        .await
+        .expect("open leases");
+    (store, Box::new(()))
+}
+
+pub(crate) async fn dynamodb_dlq() -> (DynamoDbDlqStore, Guard) {
+    let (client, options) = dynamodb_table("dlq").await;
+    let store = DynamoDbDlqStore::open_with(client, options)
+        .await
+        .expect("open dlq");
+    (store, Box::new(()))
+}
+
 super::outbox::outbox_conformance!(memory_outbox, memory_outbox);
+super::outbox::outbox_conformance!(dynamodb_outbox, dynamodb_outbox);
+crate::lease_conformance!(dynamodb_lease, dynamodb_lease);
+crate::dlq_conformance!(dynamodb_dlq, dynamodb_dlq);
 super::outbox::outbox_conformance!(postgres_outbox, postgres_outbox);
 crate::lease_conformance!(postgres_lease, postgres_lease);
 crate::dlq_conformance!(postgres_dlq, postgres_dlq);

@@ -38,7 +38,8 @@ mod sigkill;
 
 #[cfg(test)]
 pub(crate) use backends::{
-    memory_outbox, postgres_database, postgres_outbox, sqlite_options, sqlite_outbox_normal,
+    dynamodb_outbox, dynamodb_table, memory_outbox, postgres_database, postgres_outbox,
+    sqlite_options, sqlite_outbox_normal,
 };
 
 /// The `stale_claim_duration` every outbox under test is opened with.

@@ -484,3 +484,15 @@ proptest! {
         run(super::postgres_outbox, ops)?;
     }
 }
+
+proptest! {
+    // A fresh table per case on moto, where every call is an HTTP round trip
+    // and every step is checked with a dump of each partition (about 6 s a
+    // case): fewer cases keep the suite fast.
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    #[test]
+    fn dynamodb_outbox_agrees_with_the_model(ops in proptest::collection::vec(op(), 1..60)) {
+        run(super::dynamodb_outbox, ops)?;
+    }
+}

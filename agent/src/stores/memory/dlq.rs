@@ -4,9 +4,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use super::lock;
-use crate::stores::dlq::token_after;
+use crate::stores::dlq::{page_of, stats_of};
 use crate::stores::{
-    BoxFuture, DlqEntry, DlqFilter, DlqPage, DlqStat, DlqStats, DlqStore, PageRequest, StoreError,
+    BoxFuture, DlqEntry, DlqFilter, DlqPage, DlqStats, DlqStore, PageRequest, StoreError,
     StoreResult, unix_nanos,
 };
 
@@ -43,28 +43,8 @@ impl MemoryDlqStore {
     }
 
     fn list_now(&self, filter: &DlqFilter, page: &PageRequest) -> StoreResult<DlqPage> {
-        let size = page.effective_size();
-        let after = page.after()?;
         let s = lock(&self.state)?;
-        let mut entries: Vec<DlqEntry> = s
-            .entries
-            .iter()
-            .filter(|(k, _)| after.as_ref().is_none_or(|a| *k > a))
-            .map(|(_, e)| e)
-            .filter(|e| e.matches(filter))
-            .take(size + 1)
-            .cloned()
-            .collect();
-        let more = entries.len() > size;
-        entries.truncate(size);
-        let next_page_token = match (more, entries.last()) {
-            (true, Some(last)) => Some(token_after(last)?),
-            _ => None,
-        };
-        Ok(DlqPage {
-            entries,
-            next_page_token,
-        })
+        page_of(s.entries.values(), filter, page)
     }
 
     fn get_now(&self, id: &str) -> StoreResult<DlqEntry> {
@@ -103,31 +83,7 @@ impl MemoryDlqStore {
 
     fn stats_now(&self, filter: &DlqFilter) -> StoreResult<DlqStats> {
         let s = lock(&self.state)?;
-        let mut rows: BTreeMap<(String, String, String, i32), DlqStat> = BTreeMap::new();
-        let mut total = 0;
-        for e in s.entries.values().filter(|e| e.matches(filter)) {
-            total += 1;
-            let key = (
-                e.bridge_id.clone(),
-                e.route_id.clone(),
-                e.binding_id.clone(),
-                e.reason.code(),
-            );
-            let row = rows.entry(key).or_insert_with(|| DlqStat {
-                bridge_id: e.bridge_id.clone(),
-                route_id: e.route_id.clone(),
-                binding_id: e.binding_id.clone(),
-                reason: e.reason,
-                count: 0,
-                oldest: e.dead_lettered_at,
-            });
-            row.count += 1;
-            row.oldest = row.oldest.min(e.dead_lettered_at);
-        }
-        Ok(DlqStats {
-            rows: rows.into_values().collect(),
-            total,
-        })
+        Ok(stats_of(s.entries.values(), filter))
     }
 }
 

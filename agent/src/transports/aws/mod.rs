@@ -14,11 +14,11 @@
 //!   size); `error` is the one classification of AWS errors.
 
 mod batch;
-mod error;
+pub(crate) mod error;
 mod message;
 mod queue;
 mod sender;
-mod session;
+pub(crate) mod session;
 mod sns_sender;
 mod sqs_receiver;
 mod sqs_sender;

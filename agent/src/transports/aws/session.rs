@@ -58,6 +58,29 @@ pub struct AwsSessionSettings {
     pub endpoint_url: Option<String>,
 }
 
+/// An SDK configuration from the standard chain with `region` and
+/// `endpoint_url` on top, connections bounded by 3 s and each call attempt by
+/// `attempt_timeout`: what the AWS sessions and the DynamoDB stores
+/// (`crate::stores::dynamodb`) build their clients from.
+pub(crate) async fn sdk_config(
+    region: Option<&str>,
+    endpoint_url: Option<&str>,
+    attempt_timeout: Duration,
+) -> aws_config::SdkConfig {
+    let timeouts = TimeoutConfig::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .operation_attempt_timeout(attempt_timeout)
+        .build();
+    let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(timeouts);
+    if let Some(region) = region {
+        loader = loader.region(Region::new(region.to_owned()));
+    }
+    if let Some(endpoint) = endpoint_url {
+        loader = loader.endpoint_url(endpoint);
+    }
+    loader.load().await
+}
+
 /// What the session's tasks, receiver and senders share.
 pub(crate) struct Shared {
     pub settings: AwsSessionSettings,
@@ -74,20 +97,12 @@ pub(crate) struct Shared {
 impl Shared {
     async fn sdk(&self) -> &aws_config::SdkConfig {
         self.sdk
-            .get_or_init(|| async {
-                let timeouts = TimeoutConfig::builder()
-                    .connect_timeout(CONNECT_TIMEOUT)
-                    .operation_attempt_timeout(ATTEMPT_TIMEOUT)
-                    .build();
-                let mut loader =
-                    aws_config::defaults(BehaviorVersion::latest()).timeout_config(timeouts);
-                if let Some(region) = &self.settings.region {
-                    loader = loader.region(Region::new(region.clone()));
-                }
-                if let Some(endpoint) = &self.settings.endpoint_url {
-                    loader = loader.endpoint_url(endpoint);
-                }
-                loader.load().await
+            .get_or_init(|| {
+                sdk_config(
+                    self.settings.region.as_deref(),
+                    self.settings.endpoint_url.as_deref(),
+                    ATTEMPT_TIMEOUT,
+                )
             })
             .await
     }

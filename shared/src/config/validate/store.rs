@@ -41,6 +41,77 @@ impl Validator<'_> {
                 ),
             );
         }
+        self.dynamodb_tables_apart();
+    }
+
+    /// Two `dynamodb` stores on one table (name, region and endpoint) would
+    /// read each other's items as their own (the lease and DLQ tables even
+    /// share a key schema).
+    fn dynamodb_tables_apart(&mut self) {
+        let stores = &self.config.stores;
+        let tables = [
+            (
+                "outbox",
+                stores.outbox.as_ref().and_then(|o| match o {
+                    OutboxStoreConfig::Dynamodb(o) => {
+                        Some((&o.table_name, &o.region, &o.endpoint_url))
+                    }
+                    _ => None,
+                }),
+            ),
+            (
+                "lease",
+                stores.lease.as_ref().and_then(|o| match o {
+                    LeaseStoreConfig::Dynamodb(o) => {
+                        Some((&o.table_name, &o.region, &o.endpoint_url))
+                    }
+                    _ => None,
+                }),
+            ),
+            (
+                "dlq",
+                stores.dlq.as_ref().and_then(|o| match o {
+                    DlqStoreConfig::Dynamodb(o) => {
+                        Some((&o.table_name, &o.region, &o.endpoint_url))
+                    }
+                    _ => None,
+                }),
+            ),
+        ];
+        let mut clashes = Vec::new();
+        for (i, (store, table)) in tables.iter().enumerate() {
+            let Some(table) = table.filter(|(name, _, _)| !name.is_empty()) else {
+                continue;
+            };
+            if let Some((earlier, _)) = tables[..i].iter().find(|(_, t)| *t == Some(table)) {
+                let table = table.0;
+                clashes.push((
+                    format!("stores.{store}.options.table_name"),
+                    format!(
+                        "the {earlier} store uses the table {table:?} already; give each dynamodb store a table of its own"
+                    ),
+                ));
+            }
+        }
+        for (path, message) in clashes {
+            self.error(path, message);
+        }
+    }
+
+    /// A DynamoDB table name: 3 to 255 of `A-Z a-z 0-9 _ - .`.
+    fn dynamodb_table(&mut self, path: String, name: &str) {
+        if name.trim().is_empty() {
+            self.error(path, "must not be empty");
+        } else if !(3..=255).contains(&name.len())
+            || !name
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'))
+        {
+            self.error(
+                path,
+                format!("{name:?} is not a DynamoDB table name: 3 to 255 of A-Z a-z 0-9 _ - ."),
+            );
+        }
     }
 
     fn volatile(&mut self, store: &str, o: &MemoryOptions, what: &str) {
@@ -64,7 +135,7 @@ impl Validator<'_> {
                 self.sqlite_max_size(format!("{base}.max_size_bytes"), o.max_size_bytes);
             }
             OutboxStoreConfig::Dynamodb(o) => {
-                self.non_empty(format!("{base}.table_name"), &o.table_name);
+                self.dynamodb_table(format!("{base}.table_name"), &o.table_name);
                 self.optional_http(format!("{base}.endpoint_url"), o.endpoint_url.as_deref());
             }
             OutboxStoreConfig::Postgres(o) => {
@@ -104,7 +175,7 @@ impl Validator<'_> {
                 self.sqlite_max_size(format!("{base}.max_size_bytes"), o.max_size_bytes);
             }
             LeaseStoreConfig::Dynamodb(o) => {
-                self.non_empty(format!("{base}.table_name"), &o.table_name);
+                self.dynamodb_table(format!("{base}.table_name"), &o.table_name);
                 self.optional_http(format!("{base}.endpoint_url"), o.endpoint_url.as_deref());
             }
             LeaseStoreConfig::Postgres(o) => self.postgres(base, o.url.expose(), &o.schema),
@@ -124,7 +195,7 @@ impl Validator<'_> {
                 self.sqlite_max_size(format!("{base}.max_size_bytes"), o.max_size_bytes);
             }
             DlqStoreConfig::Dynamodb(o) => {
-                self.non_empty(format!("{base}.table_name"), &o.table_name);
+                self.dynamodb_table(format!("{base}.table_name"), &o.table_name);
                 self.optional_http(format!("{base}.endpoint_url"), o.endpoint_url.as_deref());
             }
             DlqStoreConfig::Postgres(o) => self.postgres(base, o.url.expose(), &o.schema),

@@ -733,6 +733,27 @@ fn store_options_are_checked() {
     assert_error(&errs, "stores.dlq.options.table_name", "must not be empty");
 }
 
+#[test]
+fn dynamodb_stores_need_valid_tables_of_their_own() {
+    let errs = errors(|c| {
+        c.stores.outbox = Some(yaml(
+            "type: dynamodb\noptions:\n  table_name: 'no spaces'\n",
+        ));
+        c.stores.lease = Some(yaml("type: dynamodb\noptions:\n  table_name: ferry\n"));
+        c.stores.dlq = Some(yaml("type: dynamodb\noptions:\n  table_name: ferry\n"));
+    });
+    assert_error(
+        &errs,
+        "stores.outbox.options.table_name",
+        "not a DynamoDB table name",
+    );
+    assert_error(
+        &errs,
+        "stores.dlq.options.table_name",
+        "the lease store uses the table \"ferry\" already",
+    );
+}
+
 // ---- sessions, receivers, senders, bindings
 
 #[test]

@@ -1,0 +1,958 @@
+//! The DynamoDB outbox: a message item and a narrow record item per binding
+//! (ADR 0007), a fence item and a counter item per partition (the layout is
+//! in the module above), shared by every agent that feeds or drains the
+//! partition.
+//!
+//! # How the invariants hold with several agents
+//!
+//! 1. **Seqs.** An append is one transaction: the counter item's `last_seq`
+//!    set from the value read to that plus the message's record count, on
+//!    the condition that it still holds the value read, with the message
+//!    and record items (each on the condition that its key is new). Of two
+//!    appends reading the same counter one commits, the other reads again:
+//!    seqs are strictly increasing, never reused, and their order is the
+//!    order appends committed in. Appends of one store to one partition
+//!    take turns (a lock per partition, the counter cached under it), so
+//!    they do not race each other; appends of other agents are the races.
+//! 2. **All or nothing.** That transaction holds every record of the
+//!    message, so a message is stored whole or not at all; at most
+//!    [`MAX_TRANSACTION`] − 2 bindings per message.
+//! 3. **The fence and void claims.** The fence item's `hwm` is raised by a
+//!    conditional update (`hwm < v`) before a claim or expiry at a higher
+//!    version reads anything. A record's claim counts only while its
+//!    `claim_version` equals `hwm`: raising the mark therefore makes every
+//!    older claim pending in the same single write, whatever the number of
+//!    records (a *void* claim is shown, counted and claimed as pending; it
+//!    is overwritten when the record is claimed again).
+//! 4. **Claims** read the partition's records in seq order (a consistent
+//!    `Query` from seq 1), choose up to `limit` claimable ones, and claim
+//!    each with an update whose condition is what made it claimable
+//!    (pending or void, or the owner's own claim at `v` older than
+//!    `stale_claim_duration`; for an expiry, pending or void and expired).
+//!    Of two agents claiming one record, one update fails its condition and
+//!    that record is left out of its answer. A claim at `v` that races a
+//!    raise to `v + 1` may still write `v` after it: a void claim, pending
+//!    for the new holder, whose completions at `v` are `Stale`.
+//! 5. **Completions and releases** read the records named (consistent
+//!    `BatchGetItem`), keep those claimed at exactly `v`, and change them
+//!    in transactions that also check the fence (`hwm <= v`) and each
+//!    record's `claim_version = v`: a raise or another agent's claim in
+//!    between cancels the transaction, and the call reads again (a raise
+//!    makes it `Stale`).
+//! 6. **A message goes with its last record.** A completion groups the
+//!    records it deletes by message and reads which records of each message
+//!    are left (none when it deletes every seq of the message). The transaction deleting a message's last records deletes
+//!    the message item too; one that leaves records checks that they still
+//!    exist, so that of two completions emptying one message at once the
+//!    second is cancelled, reads again and deletes the message item. A
+//!    message's records, its deletion and its checks fit one transaction
+//!    (invariant 2), so no crash leaves a message item without records.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use aws_sdk_dynamodb::types::{
+    ConditionCheck, Delete, Put, ReturnValue, TransactWriteItem, Update,
+};
+use futures::{StreamExt, stream};
+
+use super::{
+    DynamoDbOptions, Item, MAX_TRANSACTION, Table, b, build_error, check_size, condition_failed,
+    get_b, get_n, get_s, n, opt_n, opt_s, s, transient_cancel,
+};
+use crate::stores::outbox::{RawRecord, into_records, stale, validate_append};
+use crate::stores::{
+    BoxFuture, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release, StoreError,
+    StoreResult, from_unix_nanos, unix_nanos,
+};
+
+/// The sort key of the fence and the counter items; records and messages
+/// start at seq 1.
+const HEAD: u64 = 0;
+/// The highest seq a query asks for (seqs are stored as `i64` elsewhere).
+const LAST: u64 = i64::MAX as u64;
+/// Records one claim writes at once.
+const CLAIM_CONCURRENCY: usize = 16;
+/// Items a query page holds at most when every item is wanted.
+const PAGE: i32 = 1000;
+
+/// A record's claim condition (invariant 4).
+const CLAIMABLE: &str = "attribute_exists(pk) AND (attribute_not_exists(claim_version) \
+    OR claim_version < :v OR (claim_version = :v AND claim_owner = :o AND claimed_at <= :stale))";
+/// A record's expiry condition (invariant 4).
+const EXPIRABLE: &str = "attribute_exists(pk) AND (attribute_not_exists(claim_version) \
+    OR claim_version < :v) AND expires_at <= :now";
+
+/// An outbox in a DynamoDB table.
+pub struct DynamoDbOutboxStore {
+    table: Table,
+    options: DynamoDbOptions,
+    /// Per partition: the turn of this store's appends, and the counter as
+    /// the last of them left it (`None`: read it).
+    appenders: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<u64>>>>>,
+}
+
+/// The key of the fence and the records of `partition`.
+fn records_pk(partition: &str) -> String {
+    format!("r:{partition}")
+}
+
+/// The key of the counter and the messages of `partition`.
+fn messages_pk(partition: &str) -> String {
+    format!("m:{partition}")
+}
+
+fn key(pk: &str, sk: u64) -> Item {
+    Item::from([("pk".to_owned(), s(pk)), ("sk".to_owned(), n(sk))])
+}
+
+/// What a claiming call picks.
+#[derive(Clone, Copy)]
+enum Pick {
+    /// Pending records and the owner's claims made at or before this time.
+    Claim { stale_before: i64 },
+    /// Pending records expired at `now`.
+    Expire,
+}
+
+/// How claimed records are settled.
+#[derive(Clone, Copy)]
+enum Settle<'a> {
+    Complete,
+    Release(&'a Release),
+}
+
+/// Actions that go into one transaction together, and the seqs they settle.
+struct Group {
+    seqs: Vec<u64>,
+    actions: Vec<TransactWriteItem>,
+}
+
+/// A record item as a row; a claim below `hwm` is void and reads as pending
+/// (invariant 3).
+fn raw(item: &Item, hwm: u64) -> StoreResult<RawRecord> {
+    let claim_version: Option<i64> = opt_n(item, "claim_version")?;
+    let live = claim_version.is_some_and(|v| u64::try_from(v).is_ok_and(|v| v >= hwm));
+    let (claim_version, claim_owner, claimed_at) = if live {
+        (
+            claim_version,
+            opt_s(item, "claim_owner")?,
+            opt_n(item, "claimed_at")?,
+        )
+    } else {
+        (None, None, None)
+    };
+    Ok(RawRecord {
+        seq: get_n(item, "sk")?,
+        msg: get_n(item, "msg")?,
+        id: get_s(item, "id")?,
+        binding: get_s(item, "binding")?,
+        address: get_s(item, "address")?,
+        created_at: get_n(item, "created_at")?,
+        expires_at: opt_n(item, "expires_at")?,
+        claim_version,
+        claim_owner,
+        claimed_at,
+        replay_count: get_n(item, "replay_count")?,
+        first_attempt_at: opt_n(item, "first_attempt_at")?,
+        last_error: opt_s(item, "last_error")?,
+    })
+}
+
+impl DynamoDbOutboxStore {
+    /// Opens the store with a client from the standard credential chain.
+    pub async fn open(options: DynamoDbOptions) -> StoreResult<Self> {
+        let client = options.client().await;
+        Self::open_with(client, options).await
+    }
+
+    /// Opens the store with `client`.
+    pub async fn open_with(
+        client: aws_sdk_dynamodb::Client,
+        options: DynamoDbOptions,
+    ) -> StoreResult<Self> {
+        let table = Table::open(client, &options, true).await?;
+        Ok(DynamoDbOutboxStore {
+            table,
+            options,
+            appenders: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &DynamoDbOptions {
+        &self.options
+    }
+
+    /// The client it uses.
+    pub fn client(&self) -> &aws_sdk_dynamodb::Client {
+        &self.table.client
+    }
+
+    /// One item, strongly consistent.
+    async fn get(&self, pk: &str, sk: u64) -> StoreResult<Option<Item>> {
+        let out = self
+            .table
+            .client
+            .get_item()
+            .table_name(&self.table.name)
+            .set_key(Some(key(pk, sk)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.table.error("GetItem", &e))?;
+        Ok(out.item().cloned())
+    }
+
+    /// The partition's high-water mark (0 before any claim).
+    async fn hwm(&self, partition: &str) -> StoreResult<u64> {
+        match self.get(&records_pk(partition), HEAD).await? {
+            Some(item) => Ok(opt_n(&item, "hwm")?.unwrap_or(0)),
+            None => Ok(0),
+        }
+    }
+
+    /// Checks `version` against the mark and raises the mark to it
+    /// (invariant 3).
+    async fn fence(&self, partition: &str, version: u64) -> StoreResult<()> {
+        let hwm = self.hwm(partition).await?;
+        if version < hwm {
+            return Err(stale(partition, version, hwm));
+        }
+        if version == hwm {
+            return Ok(());
+        }
+        let raised = self
+            .table
+            .client
+            .update_item()
+            .table_name(&self.table.name)
+            .set_key(Some(key(&records_pk(partition), HEAD)))
+            .update_expression("SET hwm = :v")
+            .condition_expression("attribute_not_exists(hwm) OR hwm < :v")
+            .expression_attribute_values(":v", n(version))
+            .send()
+            .await;
+        match raised {
+            Ok(_) => Ok(()),
+            // Raised meanwhile: to this version (fine) or beyond (stale).
+            Err(e) if condition_failed(&e) => {
+                let hwm = self.hwm(partition).await?;
+                if version < hwm {
+                    Err(stale(partition, version, hwm))
+                } else {
+                    Ok(())
+                }
+            }
+            Err(e) => Err(self.table.error("UpdateItem", &e)),
+        }
+    }
+
+    /// The turn of this store's appends to `partition` (invariant 1).
+    fn appender(&self, partition: &str) -> Arc<tokio::sync::Mutex<Option<u64>>> {
+        let mut appenders = self
+            .appenders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(appenders.entry(partition.to_owned()).or_default())
+    }
+
+    async fn append_now(&self, partition: &str, message: NewMessage) -> StoreResult<Vec<u64>> {
+        validate_append(partition, &message)?;
+        let count = message.records.len() as u64;
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        if message.records.len() + 2 > MAX_TRANSACTION {
+            return Err(StoreError::Invalid(format!(
+                "a message for {count} bindings: a dynamodb outbox stores at most {} per message",
+                MAX_TRANSACTION - 2
+            )));
+        }
+        let (rpk, mpk) = (records_pk(partition), messages_pk(partition));
+        let created_at = unix_nanos(message.created_at)?;
+        let expires_at = message.expires_at.map(unix_nanos).transpose()?;
+        let envelope = b(message.envelope.encode());
+        let turn = self.appender(partition);
+        let mut cached = turn.lock().await;
+        let mut attempt = 0;
+        loop {
+            // Forgotten until the transaction is known to have committed.
+            let old = match cached.take() {
+                Some(last) => last,
+                None => match self.get(&mpk, HEAD).await? {
+                    Some(item) => opt_n(&item, "last_seq")?.unwrap_or(0),
+                    None => 0,
+                },
+            };
+            let (first, last) = (old + 1, old + count);
+            let counter = Update::builder()
+                .table_name(&self.table.name)
+                .set_key(Some(key(&mpk, HEAD)))
+                .update_expression("SET last_seq = :new")
+                .condition_expression(if old == 0 {
+                    "attribute_not_exists(last_seq)"
+                } else {
+                    "last_seq = :old"
+                })
+                .expression_attribute_values(":new", n(last));
+            let counter = if old == 0 {
+                counter
+            } else {
+                counter.expression_attribute_values(":old", n(old))
+            };
+            let mut message_item = key(&mpk, first);
+            message_item.insert("last_seq".to_owned(), n(last));
+            message_item.insert("envelope".to_owned(), envelope.clone());
+            check_size(&message_item, &format!("the message of outbox {partition}"))?;
+            let mut actions = vec![
+                TransactWriteItem::builder()
+                    .update(counter.build().map_err(build_error)?)
+                    .build(),
+                self.put_new(message_item)?,
+            ];
+            for (r, seq) in message.records.iter().zip(first..) {
+                let mut item = key(&rpk, seq);
+                item.extend([
+                    ("msg".to_owned(), n(first)),
+                    ("msg_last".to_owned(), n(last)),
+                    ("id".to_owned(), s(&r.id)),
+                    ("binding".to_owned(), s(&r.binding)),
+                    ("address".to_owned(), s(&r.address)),
+                    ("created_at".to_owned(), n(created_at)),
+                    ("replay_count".to_owned(), n(0)),
+                ]);
+                if let Some(at) = expires_at {
+                    item.insert("expires_at".to_owned(), n(at));
+                }
+                check_size(&item, &format!("record {} of outbox {partition}", r.id))?;
+                actions.push(self.put_new(item)?);
+            }
+            match self.table.transact(actions).await? {
+                Ok(()) => {
+                    *cached = Some(last);
+                    return Ok((first..=last).collect());
+                }
+                // The counter moved (another agent appended) or a
+                // concurrent transaction was in the way: read again.
+                Err(codes)
+                    if codes.first().is_some_and(|c| c == "ConditionalCheckFailed")
+                        || transient_cancel(&codes) =>
+                {
+                    attempt += 1;
+                    self.table
+                        .pause(attempt, &format!("append to {partition} lost a race"))
+                        .await?;
+                }
+                Err(codes) => {
+                    return Err(StoreError::Corrupt(format!(
+                        "outbox {partition}: seqs {first}..={last} are taken although the \
+                         counter was at {old} ({codes:?})"
+                    )));
+                }
+            }
+        }
+    }
+
+    fn put_new(&self, item: Item) -> StoreResult<TransactWriteItem> {
+        let put = Put::builder()
+            .table_name(&self.table.name)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .build()
+            .map_err(build_error)?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+
+    /// Claims (invariant 4).
+    async fn claiming(
+        &self,
+        partition: &str,
+        owner: &str,
+        version: u64,
+        limit: usize,
+        now: SystemTime,
+        pick: Pick,
+    ) -> StoreResult<Vec<OutboxRecord>> {
+        let now = unix_nanos(now)?;
+        self.fence(partition, version).await?;
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rpk = records_pk(partition);
+        let mut chosen = Vec::new();
+        let page = i32::try_from(limit.saturating_add(50))
+            .unwrap_or(PAGE)
+            .min(PAGE);
+        self.table
+            .query(&rpk, (HEAD + 1, LAST), page, |item| {
+                let claim: Option<u64> = opt_n(&item, "claim_version")?;
+                let pending = claim.is_none_or(|c| c < version);
+                let wanted = match pick {
+                    Pick::Claim { stale_before } => {
+                        pending
+                            || (claim == Some(version)
+                                && opt_s(&item, "claim_owner")?.as_deref() == Some(owner)
+                                && opt_n::<i64>(&item, "claimed_at")?
+                                    .is_some_and(|at| at <= stale_before))
+                    }
+                    Pick::Expire => {
+                        pending && opt_n::<i64>(&item, "expires_at")?.is_some_and(|at| at <= now)
+                    }
+                };
+                if wanted {
+                    chosen.push(get_n::<u64>(&item, "sk")?);
+                }
+                Ok(chosen.len() < limit)
+            })
+            .await?;
+        let claimed: Vec<StoreResult<Option<Item>>> = stream::iter(chosen)
+            .map(|seq| self.claim_one(&rpk, seq, owner, version, now, pick))
+            .buffered(CLAIM_CONCURRENCY)
+            .collect()
+            .await;
+        let mut rows = Vec::new();
+        for item in claimed {
+            if let Some(item) = item? {
+                rows.push(raw(&item, version)?);
+            }
+        }
+        self.with_envelopes(partition, rows).await
+    }
+
+    /// Claims one record on the condition that chose it; `None` when
+    /// another agent changed it first.
+    async fn claim_one(
+        &self,
+        rpk: &str,
+        seq: u64,
+        owner: &str,
+        version: u64,
+        now: i64,
+        pick: Pick,
+    ) -> StoreResult<Option<Item>> {
+        let update = self
+            .table
+            .client
+            .update_item()
+            .table_name(&self.table.name)
+            .set_key(Some(key(rpk, seq)))
+            .update_expression("SET claim_version = :v, claim_owner = :o, claimed_at = :now")
+            .expression_attribute_values(":v", n(version))
+            .expression_attribute_values(":o", s(owner))
+            .expression_attribute_values(":now", n(now))
+            .return_values(ReturnValue::AllNew);
+        let update = match pick {
+            Pick::Claim { stale_before } => update
+                .condition_expression(CLAIMABLE)
+                .expression_attribute_values(":stale", n(stale_before)),
+            Pick::Expire => update.condition_expression(EXPIRABLE),
+        };
+        match update.send().await {
+            Ok(out) => Ok(out.attributes().cloned()),
+            Err(e) if condition_failed(&e) => Ok(None),
+            Err(e) => Err(self.table.error("UpdateItem", &e)),
+        }
+    }
+
+    /// Attaches their messages' envelopes to `rows` (one decoded envelope
+    /// per message: the stores' invariant 8).
+    async fn with_envelopes(
+        &self,
+        partition: &str,
+        rows: Vec<RawRecord>,
+    ) -> StoreResult<Vec<OutboxRecord>> {
+        let mpk = messages_pk(partition);
+        let msgs: BTreeSet<i64> = rows.iter().map(|r| r.msg).collect();
+        let keys = msgs
+            .into_iter()
+            .map(|m| {
+                u64::try_from(m)
+                    .map(|m| key(&mpk, m))
+                    .map_err(|_| StoreError::Corrupt(format!("outbox {partition}: message {m}")))
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        let mut envelopes = HashMap::new();
+        for item in self.table.get_many(keys).await? {
+            envelopes.insert(get_n::<i64>(&item, "sk")?, get_b(&item, "envelope")?);
+        }
+        into_records(partition, rows, |msg| Ok(envelopes.remove(&msg)))
+    }
+
+    /// Completes or releases the records among `seqs` claimed at `version`
+    /// (invariants 5 and 6).
+    async fn settle(
+        &self,
+        partition: &str,
+        version: u64,
+        seqs: &[u64],
+        how: Settle<'_>,
+    ) -> StoreResult<Vec<u64>> {
+        let rpk = records_pk(partition);
+        let mut wanted: BTreeSet<u64> = seqs.iter().copied().collect();
+        let mut done = Vec::new();
+        let mut attempt = 0;
+        'read: loop {
+            let hwm = self.hwm(partition).await?;
+            if version < hwm {
+                return Err(stale(partition, version, hwm));
+            }
+            if wanted.is_empty() {
+                break;
+            }
+            let items = self
+                .table
+                .get_many(wanted.iter().map(|seq| key(&rpk, *seq)).collect())
+                .await?;
+            // Per message: its last seq and the seqs to settle.
+            let mut mine: BTreeMap<u64, (u64, Vec<u64>)> = BTreeMap::new();
+            for item in &items {
+                if opt_n::<u64>(item, "claim_version")? == Some(version) {
+                    let entry = mine
+                        .entry(get_n(item, "msg")?)
+                        .or_insert((get_n(item, "msg_last")?, Vec::new()));
+                    entry.1.push(get_n(item, "sk")?);
+                }
+            }
+            wanted = mine.values().flat_map(|(_, s)| s.iter().copied()).collect();
+            let mut groups = Vec::with_capacity(mine.len());
+            for (msg, (msg_last, mut seqs)) in mine {
+                seqs.sort_unstable();
+                groups.push(match how {
+                    Settle::Complete => {
+                        self.completion(partition, version, msg, msg_last, seqs)
+                            .await?
+                    }
+                    Settle::Release(release) => self.release_group(&rpk, version, seqs, release)?,
+                });
+            }
+            for Group { seqs, actions } in self.transactions(&rpk, version, groups)? {
+                match self.table.transact(actions).await? {
+                    Ok(()) => {
+                        for seq in &seqs {
+                            wanted.remove(seq);
+                        }
+                        done.extend(seqs);
+                    }
+                    // The fence or a record changed, or a concurrent
+                    // transaction was in the way: read again.
+                    Err(codes) => {
+                        attempt += 1;
+                        self.table
+                            .pause(
+                                attempt,
+                                &format!("settling in {partition} was cancelled ({codes:?})"),
+                            )
+                            .await?;
+                        continue 'read;
+                    }
+                }
+            }
+            break;
+        }
+        done.sort_unstable();
+        Ok(done)
+    }
+
+    /// Packs `groups` into transactions, each starting with the fence check.
+    fn transactions(&self, rpk: &str, version: u64, groups: Vec<Group>) -> StoreResult<Vec<Group>> {
+        let fence = || -> StoreResult<Group> {
+            let check = ConditionCheck::builder()
+                .table_name(&self.table.name)
+                .set_key(Some(key(rpk, HEAD)))
+                .condition_expression("attribute_not_exists(hwm) OR hwm <= :v")
+                .expression_attribute_values(":v", n(version))
+                .build()
+                .map_err(build_error)?;
+            Ok(Group {
+                seqs: Vec::new(),
+                actions: vec![TransactWriteItem::builder().condition_check(check).build()],
+            })
+        };
+        let mut out = Vec::new();
+        let mut current = fence()?;
+        for group in groups {
+            if current.actions.len() + group.actions.len() > MAX_TRANSACTION {
+                out.push(std::mem::replace(&mut current, fence()?));
+            }
+            current.seqs.extend(group.seqs);
+            current.actions.extend(group.actions);
+        }
+        if !current.seqs.is_empty() {
+            out.push(current);
+        }
+        Ok(out)
+    }
+
+    /// Deletes `seqs` of message `msg` (`msg..=msg_last`), and the message
+    /// item when no other record of it is left (invariant 6).
+    async fn completion(
+        &self,
+        partition: &str,
+        version: u64,
+        msg: u64,
+        msg_last: u64,
+        seqs: Vec<u64>,
+    ) -> StoreResult<Group> {
+        let rpk = records_pk(partition);
+        let mut others = Vec::new();
+        // Usually a message's records complete together: when `seqs` are
+        // all of them, none can be left and there is nothing to read.
+        let whole = u64::try_from(seqs.len()).is_ok_and(|len| msg + len == msg_last + 1);
+        if !whole {
+            self.table
+                .query(&rpk, (msg, msg_last), PAGE, |item| {
+                    let seq = get_n::<u64>(&item, "sk")?;
+                    if seqs.binary_search(&seq).is_err() {
+                        others.push(seq);
+                    }
+                    Ok(true)
+                })
+                .await?;
+        }
+        let mut actions = Vec::with_capacity(seqs.len() + others.len().max(1));
+        for seq in &seqs {
+            let delete = Delete::builder()
+                .table_name(&self.table.name)
+                .set_key(Some(key(&rpk, *seq)))
+                .condition_expression("claim_version = :v")
+                .expression_attribute_values(":v", n(version))
+                .build()
+                .map_err(build_error)?;
+            actions.push(TransactWriteItem::builder().delete(delete).build());
+        }
+        if others.is_empty() {
+            let delete = Delete::builder()
+                .table_name(&self.table.name)
+                .set_key(Some(key(&messages_pk(partition), msg)))
+                .build()
+                .map_err(build_error)?;
+            actions.push(TransactWriteItem::builder().delete(delete).build());
+        }
+        for seq in others {
+            let check = ConditionCheck::builder()
+                .table_name(&self.table.name)
+                .set_key(Some(key(&rpk, seq)))
+                .condition_expression("attribute_exists(pk)")
+                .build()
+                .map_err(build_error)?;
+            actions.push(TransactWriteItem::builder().condition_check(check).build());
+        }
+        Ok(Group { seqs, actions })
+    }
+
+    /// Makes `seqs` pending again, counting a failed send.
+    fn release_group(
+        &self,
+        rpk: &str,
+        version: u64,
+        seqs: Vec<u64>,
+        how: &Release,
+    ) -> StoreResult<Group> {
+        let mut actions = Vec::with_capacity(seqs.len());
+        for seq in &seqs {
+            let update = Update::builder()
+                .table_name(&self.table.name)
+                .set_key(Some(key(rpk, *seq)))
+                .condition_expression("claim_version = :v")
+                .expression_attribute_values(":v", n(version));
+            let update = match how {
+                Release::Untried => {
+                    update.update_expression("REMOVE claim_version, claim_owner, claimed_at")
+                }
+                Release::Failed {
+                    error,
+                    attempted_at,
+                } => update
+                    .update_expression(
+                        "SET replay_count = replay_count + :one, \
+                         first_attempt_at = if_not_exists(first_attempt_at, :at), \
+                         last_error = :error REMOVE claim_version, claim_owner, claimed_at",
+                    )
+                    .expression_attribute_values(":one", n(1))
+                    .expression_attribute_values(":at", n(unix_nanos(*attempted_at)?))
+                    .expression_attribute_values(":error", s(error)),
+            };
+            actions.push(
+                TransactWriteItem::builder()
+                    .update(update.build().map_err(build_error)?)
+                    .build(),
+            );
+        }
+        Ok(Group { seqs, actions })
+    }
+
+    /// Every record of `partition` as stored, void claims pending.
+    async fn records(&self, partition: &str) -> StoreResult<(u64, Vec<RawRecord>)> {
+        let hwm = self.hwm(partition).await?;
+        let mut rows = Vec::new();
+        self.table
+            .query(&records_pk(partition), (HEAD + 1, LAST), PAGE, |item| {
+                rows.push(raw(&item, hwm)?);
+                Ok(true)
+            })
+            .await?;
+        Ok((hwm, rows))
+    }
+
+    /// Every record of `partition`, in seq order.
+    #[cfg(test)]
+    pub(crate) async fn dump(&self, partition: &str) -> StoreResult<Vec<OutboxRecord>> {
+        let (_, rows) = self.records(partition).await?;
+        self.with_envelopes(partition, rows).await
+    }
+
+    /// Message items stored for `partition`.
+    #[cfg(test)]
+    pub(crate) async fn envelopes(&self, partition: &str) -> StoreResult<usize> {
+        let mut count = 0;
+        self.table
+            .query(&messages_pk(partition), (HEAD + 1, LAST), PAGE, |_| {
+                count += 1;
+                Ok(true)
+            })
+            .await?;
+        Ok(count)
+    }
+}
+
+impl OutboxStore for DynamoDbOutboxStore {
+    fn append<'a>(
+        &'a self,
+        partition: &'a str,
+        message: NewMessage,
+    ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+        Box::pin(self.append_now(partition, message))
+    }
+
+    fn claim<'a>(
+        &'a self,
+        partition: &'a str,
+        owner: &'a str,
+        version: u64,
+        limit: usize,
+        now: SystemTime,
+    ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
+        Box::pin(async move {
+            let after =
+                i64::try_from(self.options.stale_claim_duration.as_nanos()).unwrap_or(i64::MAX);
+            let stale_before = unix_nanos(now)?.saturating_sub(after);
+            self.claiming(
+                partition,
+                owner,
+                version,
+                limit,
+                now,
+                Pick::Claim { stale_before },
+            )
+            .await
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        partition: &'a str,
+        version: u64,
+        seqs: &'a [u64],
+    ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+        Box::pin(self.settle(partition, version, seqs, Settle::Complete))
+    }
+
+    fn release<'a>(
+        &'a self,
+        partition: &'a str,
+        version: u64,
+        seqs: &'a [u64],
+        how: Release,
+    ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+        Box::pin(async move {
+            self.settle(partition, version, seqs, Settle::Release(&how))
+                .await
+        })
+    }
+
+    fn expire<'a>(
+        &'a self,
+        partition: &'a str,
+        owner: &'a str,
+        version: u64,
+        now: SystemTime,
+        limit: usize,
+    ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
+        Box::pin(self.claiming(partition, owner, version, limit, now, Pick::Expire))
+    }
+
+    fn stats<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<OutboxStats>> {
+        Box::pin(async move {
+            let (hwm, rows) = self.records(partition).await?;
+            let mut stats = OutboxStats {
+                high_water_mark: hwm,
+                ..OutboxStats::default()
+            };
+            for row in rows {
+                let claimed = row.claim_version.is_some();
+                let created_at = from_unix_nanos(row.created_at)?;
+                stats.total.add(claimed, created_at);
+                stats
+                    .bindings
+                    .entry(row.binding)
+                    .or_default()
+                    .add(claimed, created_at);
+            }
+            Ok(stats)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use ferry_tests::moto::Moto;
+
+    use super::*;
+    use crate::stores::NewRecord;
+    use crate::stores::conformance::{dynamodb_outbox, dynamodb_table, envelope, t};
+    use crate::stores::dynamodb::MAX_ITEM_BYTES;
+
+    fn message(name: &str, bindings: usize) -> NewMessage {
+        let records = (0..bindings)
+            .map(|b| NewRecord::new(format!("b{b}"), "topic"))
+            .collect();
+        NewMessage::new(envelope(name), t(0), records)
+    }
+
+    /// Without `create_tables` a missing table is a startup error naming the
+    /// fix; a table of another store's key schema is refused too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_missing_or_foreign_table_is_refused_at_open() {
+        let (client, options) = dynamodb_table("missing").await;
+        let options = DynamoDbOptions {
+            create_tables: false,
+            ..options
+        };
+        let refused = DynamoDbOutboxStore::open_with(client.clone(), options).await;
+        assert!(
+            matches!(&refused, Err(StoreError::Invalid(m)) if m.contains("does not exist") && m.contains("create_tables")),
+            "{:?}",
+            refused.err()
+        );
+
+        let (client, options) = dynamodb_table("lease").await;
+        crate::stores::dynamodb::DynamoDbLeaseStore::open_with(client.clone(), options.clone())
+            .await
+            .expect("a lease table");
+        let refused = DynamoDbOutboxStore::open_with(client, options).await;
+        assert!(
+            matches!(&refused, Err(StoreError::Invalid(m)) if m.contains("key schema")),
+            "{:?}",
+            refused.err()
+        );
+    }
+
+    /// An envelope beyond the item size limit and a fan-out beyond the
+    /// transaction limit are refused before anything is written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn what_cannot_fit_is_refused_and_nothing_is_written() {
+        let (store, _guard) = dynamodb_outbox().await;
+        let mut big = message("big", 2);
+        big.envelope.payload = vec![7; MAX_ITEM_BYTES].into();
+        let refused = store.append("p", big).await;
+        assert!(
+            matches!(&refused, Err(StoreError::Invalid(m)) if m.starts_with("oversized")),
+            "{refused:?}"
+        );
+        let wide = store
+            .append("p", message("wide", MAX_TRANSACTION - 1))
+            .await;
+        assert!(matches!(wide, Err(StoreError::Invalid(_))), "{wide:?}");
+        assert_eq!(store.stats("p").await.map(|s| s.total.depth), Ok(0));
+        assert_eq!(store.envelopes("p").await, Ok(0));
+        let widest = store
+            .append("p", message("fits", MAX_TRANSACTION - 2))
+            .await;
+        assert_eq!(widest.map(|s| s.len()), Ok(MAX_TRANSACTION - 2));
+    }
+
+    /// Two agents appending to one partition at once: every append gets its
+    /// own seqs, none twice, none skipped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_agents_appending_at_once_get_distinct_seqs() {
+        let (first, _guard) = dynamodb_outbox().await;
+        let second =
+            DynamoDbOutboxStore::open_with(first.client().clone(), first.options().clone())
+                .await
+                .expect("open");
+        let (first, second) = (Arc::new(first), Arc::new(second));
+        let mut calls = Vec::new();
+        for i in 0..20 {
+            let store = Arc::clone(if i % 2 == 0 { &first } else { &second });
+            calls.push(tokio::spawn(async move {
+                store.append("p", message(&format!("m{i}"), 2)).await
+            }));
+        }
+        let mut seqs = Vec::new();
+        for call in calls {
+            seqs.extend(call.await.expect("task").expect("append"));
+        }
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=40).collect::<Vec<u64>>());
+    }
+
+    /// Two agents on one outbox: a claim at a higher version voids the older
+    /// holder's claims, fences out its completions and releases, and the
+    /// newer holder completes every record and with them every message.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_agent_takes_over_and_fences_the_first() {
+        let (first, _guard) = dynamodb_outbox().await;
+        let second =
+            DynamoDbOutboxStore::open_with(first.client().clone(), first.options().clone())
+                .await
+                .expect("open");
+        first.append("p", message("m", 2)).await.expect("append");
+        assert_eq!(
+            first.claim("p", "a", 1, 10, t(1)).await.map(|r| r.len()),
+            Ok(2)
+        );
+        let theirs = second.claim("p", "b", 2, 10, t(2)).await.expect("claim");
+        assert_eq!(theirs.len(), 2, "older claims are void");
+        assert!(matches!(
+            first.complete("p", 1, &[1, 2]).await,
+            Err(StoreError::Stale(_))
+        ));
+        assert!(matches!(
+            first.release("p", 1, &[1], Release::Untried).await,
+            Err(StoreError::Stale(_))
+        ));
+        assert_eq!(second.complete("p", 2, &[1, 2]).await, Ok(vec![1, 2]));
+        assert_eq!(first.envelopes("p").await, Ok(0));
+    }
+
+    /// The service unreachable: appends and claims fail with an unknown
+    /// outcome (the source stays unacknowledged, the records claimed), not
+    /// a panic, and the store works again once the service is back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreachable_service_is_an_unknown_outcome() {
+        let mut moto = Moto::start_private().await.expect("moto");
+        let (_, options) = dynamodb_table("outage").await;
+        let store = DynamoDbOutboxStore::open_with(moto.dynamodb(), options)
+            .await
+            .expect("open");
+        assert_eq!(store.append("p", message("before", 1)).await, Ok(vec![1]));
+        moto.kill().expect("kill");
+        let refused = store.append("p", message("during", 1)).await;
+        assert!(
+            refused.as_ref().is_err_and(|e| !e.outcome_known()),
+            "{refused:?}"
+        );
+        let claim = store.claim("p", "o", 1, 10, t(1)).await;
+        assert!(claim.is_err_and(|e| !e.outcome_known()));
+        // moto restarts empty: what matters is that the store answers again.
+        moto.restart().await.expect("restart");
+        let reopened = DynamoDbOutboxStore::open_with(moto.dynamodb(), store.options().clone())
+            .await
+            .expect("reopen");
+        assert_eq!(reopened.append("p", message("after", 1)).await, Ok(vec![1]));
+    }
+}
