@@ -10,6 +10,11 @@
 //!   store answered correctly, and counting it would page someone for a
 //!   routine handover. `conflict`, `not_found` and `invalid` are answers
 //!   about the request, not failures of the store, and are not counted either;
+//! - `ferry_store_fenced_total{bridge, store, op}`: one per operation the
+//!   store rejected as `stale` — the trace of a holder that went on under a
+//!   lease version a newer holder had fenced out (a paused process resumed,
+//!   a lease lost mid-cycle). Not an error, but what shows that the fence
+//!   held;
 //! - a readiness condition `store {name}`: not met while any operation kind
 //!   is failing, with the last error as the reason
 //!   (`store dlq: full: sqlite: database or disk is full` in `/readyz`);
@@ -89,13 +94,17 @@ impl StoreObserver {
     /// Records the result of one `op`.
     pub fn record<T>(&self, op: &'static str, result: &StoreResult<T>) {
         match result {
-            Err(error) if error.is_store_failure() => self.failed(op, error),
-            // The store answered (a value, or stale / not found / ...).
-            _ => {
-                if self.failing.load(Ordering::Acquire) {
-                    self.succeeded(op);
-                }
+            Err(error) if error.is_store_failure() => return self.failed(op, error),
+            Err(StoreError::Stale(_)) => {
+                self.metrics
+                    .store_fenced(&self.bridge, self.store, op)
+                    .inc();
             }
+            _ => {}
+        }
+        // The store answered (a value, or stale / not found / ...).
+        if self.failing.load(Ordering::Acquire) {
+            self.succeeded(op);
         }
     }
 
@@ -377,6 +386,11 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains(r#"kind="stale""#), "{text}");
+        // A fencing rejection is counted apart, per operation.
+        assert!(
+            text.contains(r#"ferry_store_fenced_total{bridge="b",store="dlq",op="put"} 1"#),
+            "{text}"
+        );
         assert!(!text.contains(r#"kind="not_found""#), "{text}");
     }
 }
