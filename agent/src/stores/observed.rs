@@ -28,7 +28,10 @@
 //! because on a full disk deletes and reads still succeed while inserts fail:
 //! a successful `complete` must not declare the store recovered while every
 //! `append` fails. A store is healthy again only when every operation kind
-//! that failed has succeeded since. The decorator never changes a result.
+//! that failed has succeeded since — except failures to reach the store
+//! (`unavailable`, `timeout`), which any later answer ends: they say nothing
+//! about the kind of operation, and a kind tried only during the outage (a
+//! release) would otherwise keep the agent unready forever. The decorator never changes a result.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -160,7 +163,14 @@ impl StoreObserver {
 
     fn succeeded(&self, op: &'static str) {
         let mut state = self.lock();
-        if state.ops.remove(op).is_none() {
+        let before = state.ops.len();
+        state.ops.remove(op);
+        // Any answer shows the store is reachable again: kinds that failed
+        // only because it was not (unavailable, timeout) are over too, even
+        // if they are not tried again soon (a release that failed during an
+        // outage may never be repeated).
+        state.ops.retain(|_, error| !error.is_unreachable());
+        if state.ops.len() == before {
             return;
         }
         if let Some(error) = state.ops.values().next_back() {
@@ -356,6 +366,27 @@ mod tests {
 
     fn full() -> StoreError {
         StoreError::Full("sqlite: database or disk is full".into())
+    }
+
+    #[test]
+    fn any_answer_ends_a_failure_to_reach_the_store() {
+        let metrics = Arc::new(Metrics::new());
+        let readiness = Readiness::default();
+        let observer = StoreObserver::new("b", "outbox", metrics, &readiness);
+        let down = StoreError::Unavailable("postgres: connection refused".into());
+        observer.record::<()>("append", &Err(down.clone()));
+        observer.record::<()>("release", &Err(down));
+        observer.record::<()>("append", &Err(full()));
+        // The store answers again; the release is not tried again, and the
+        // append still fails for want of room.
+        observer.record("claim", &Ok(()));
+        assert!(
+            observer.is_failing(),
+            "the full store still refuses appends"
+        );
+        observer.record("append", &Ok(()));
+        assert!(!observer.is_failing());
+        assert!(readiness.unmet().is_empty());
     }
 
     #[test]
