@@ -65,6 +65,18 @@ pub struct StoreErrorLabels {
     pub kind: String,
 }
 
+/// Labels of fencing rejections.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct StoreFencedLabels {
+    /// The configuration's `bridge.id`.
+    pub bridge: String,
+    /// `outbox` or `lease`.
+    pub store: String,
+    /// The operation rejected: `claim`, `complete`, `release`, `expire`,
+    /// `renew`, ...
+    pub op: String,
+}
+
 /// [`ferry_shared::telemetry::dropped_spans`] as a counter: the process-wide
 /// count the export queue keeps.
 #[derive(Debug)]
@@ -110,6 +122,7 @@ pub struct Metrics {
     session_connected: Family<SessionLabels, Gauge>,
     session_reconnects: Family<SessionLabels, Counter>,
     store_errors: Family<StoreErrorLabels, Counter>,
+    store_fenced: Family<StoreFencedLabels, Counter>,
     /// Every binding handed out, so snapshots can list them in order.
     bindings: Mutex<BTreeMap<BindingLabels, BindingMetrics>>,
     /// Every route handed out, for the snapshots' lease state.
@@ -151,6 +164,7 @@ impl Metrics {
             session_connected: Family::default(),
             session_reconnects: Family::default(),
             store_errors: Family::default(),
+            store_fenced: Family::default(),
             bindings: Mutex::new(BTreeMap::new()),
             routes: Mutex::new(BTreeMap::new()),
             sessions: Mutex::new(BTreeMap::new()),
@@ -248,6 +262,13 @@ impl Metrics {
             m.store_errors.clone(),
         );
         registry.register(
+            "store_fenced",
+            "Store operations rejected as stale: this agent acted under a lease version that a \
+             newer holder had fenced out (its late claims, completions, releases and renewals \
+             after a pause or a lost lease); the store changed nothing",
+            m.store_fenced.clone(),
+        );
+        registry.register(
             "spans_dropped",
             "Spans never exported: the bounded export queue was full (a slow or unreachable \
              collector), the collector refused them or did not answer, or they were still queued \
@@ -323,6 +344,15 @@ impl Metrics {
             bridge: bridge.to_owned(),
             store: store.to_owned(),
             kind: kind.to_owned(),
+        })
+    }
+
+    /// The fencing-rejection counter of `op` on `store` of `bridge`.
+    pub fn store_fenced(&self, bridge: &str, store: &str, op: &str) -> Counter {
+        self.store_fenced.get_or_create_owned(&StoreFencedLabels {
+            bridge: bridge.to_owned(),
+            store: store.to_owned(),
+            op: op.to_owned(),
         })
     }
 

@@ -37,6 +37,9 @@ pub struct Bridge {
     pub telemetry: Vec<String>,
     /// The whole `stores:` block instead of SQLite stores in `dir` (`dlq_options` unused).
     pub stores: Option<String>,
+    /// The receiver subscribes as a member of this MQTT v5 shared subscription group
+    /// (`$share/{group}/{run}/in`) instead of with a plain subscription.
+    pub share_group: Option<String>,
 }
 
 impl Bridge {
@@ -59,6 +62,7 @@ impl Bridge {
             dlq_options: Vec::new(),
             telemetry: Vec::new(),
             stores: None,
+            share_group: None,
         }
     }
 
@@ -73,6 +77,14 @@ impl Bridge {
         format!("{}/out/{b}{suffix}", self.run)
     }
 
+    /// The receiver's topic filter: the input topic, or its shared subscription.
+    pub fn filter(&self) -> String {
+        match &self.share_group {
+            Some(group) => format!("$share/{group}/{}", self.input()),
+            None => self.input(),
+        }
+    }
+
     /// The configuration document.
     pub fn yaml(&self) -> String {
         let dir = self.dir.display();
@@ -82,13 +94,13 @@ impl Bridge {
              \x20 - id: src\n    transport: mqtt\n    options:\n      session:\n        broker_url: {src}\n        client_id: {run}-in\n        keep_alive: 5\n\
              \x20 - id: dst\n    transport: mqtt\n    options:\n      session:\n        broker_url: {dst}\n        client_id: {run}-out\n        keep_alive: 5\n\
              {stores}\
-             receivers:\n  - id: in\n    session_id: src\n    topics:\n      - topic: {input}\n        qos: 1\n\
+             receivers:\n  - id: in\n    session_id: src\n    topics:\n      - topic: {filter}\n        qos: 1\n\
              senders:\n  - id: out\n    session_id: dst\n    options:\n      sender:\n        qos: 1\n\
              bindings:\n",
             src = self.source,
             dst = self.destination,
             run = self.run,
-            input = self.input(),
+            filter = self.filter(),
             stores = self.stores.clone().unwrap_or_else(|| format!(
                 "stores:\n\
                  \x20 outbox:\n    type: sqlite\n    options:\n      path: {dir}/outbox.db\n\

@@ -19,6 +19,8 @@ mod agent_ingress;
 mod agent_managed;
 mod agent_relay;
 mod agent_reload;
+mod agent_shared_ingress;
+mod agent_store_outage;
 mod agent_support;
 mod agent_tracing;
 mod agent_visibility;

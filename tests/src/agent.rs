@@ -114,6 +114,11 @@ impl Agent {
             .unwrap_or_default()
     }
 
+    /// The current `/readyz` status and body (one line per unmet condition).
+    pub fn readyz(&self) -> anyhow::Result<(u16, String)> {
+        http_get(self.port, "/readyz")
+    }
+
     /// The current `/metrics` text.
     pub fn metrics_text(&self) -> anyhow::Result<String> {
         let (status, body) = http_get(self.port, "/metrics")?;

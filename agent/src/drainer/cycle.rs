@@ -202,6 +202,7 @@ impl Drainer {
                 interrupted = true;
                 halt(&mut lanes, &mut outcomes);
             }
+            self.halt_if_expired(&mut interrupted, &mut lanes, &mut outcomes);
             if claiming.is_none() && more && !interrupted && unsettled <= 2 * self.batch {
                 claiming = Some(self.outbox.claim(
                     &self.partition,
@@ -270,11 +271,29 @@ impl Drainer {
                     }
                 }
             }
+            // Checked again here: a pause may have ended with this very select.
+            self.halt_if_expired(&mut interrupted, &mut lanes, &mut outcomes);
             self.start_sends(&mut lanes, &mut sends);
         }
         match error {
             Some(e) => Err(e),
             None => Ok(report),
+        }
+    }
+
+    /// Past the held grant's expiry (a process resumed from a pause, before
+    /// its lease keeper noticed): claims nothing more, starts no send, and
+    /// gives the queued records back (invariant 1 of the drainer).
+    fn halt_if_expired(
+        &self,
+        interrupted: &mut bool,
+        lanes: &mut HashMap<String, Lane>,
+        outcomes: &mut Outcomes,
+    ) {
+        if !*interrupted && self.lease_expired() {
+            tracing::warn!(partition = %self.partition, "the lease expired during a drain cycle; starting nothing more");
+            *interrupted = true;
+            halt(lanes, outcomes);
         }
     }
 

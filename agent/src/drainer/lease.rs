@@ -41,6 +41,7 @@ pub(super) async fn keep(
             {
                 Ok(Acquired::Granted(lease)) => {
                     tracing::info!(partition = %d.partition, version = lease.version, "lease acquired");
+                    d.set_held_until(Some(lease.expires_at));
                     tx.send_replace(Some(lease.version));
                     d.route_metrics.set_lease_held(true);
                     d.lease_resolved.set(true);
@@ -66,7 +67,10 @@ pub(super) async fn keep(
                 )
                 .await;
                 match renewed {
-                    Ok(Ok(renewed)) => held = Some(renewed),
+                    Ok(Ok(renewed)) => {
+                        d.set_held_until(Some(renewed.expires_at));
+                        held = Some(renewed);
+                    }
                     Ok(Err(error))
                         if error.outcome_known() || SystemTime::now() >= lease.expires_at =>
                     {
@@ -104,6 +108,7 @@ pub(super) async fn keep(
 
 /// Stops draining under the held grant.
 fn lose(d: &Drainer, tx: &watch::Sender<Option<u64>>, held: &mut Option<Lease>) {
+    d.set_held_until(None);
     tx.send_replace(None);
     d.route_metrics.set_lease_held(false);
     *held = None;

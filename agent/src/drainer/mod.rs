@@ -10,7 +10,14 @@
 //!    version takes every claim back. At start the drainer
 //!    releases a grant its own previous incarnation still holds (same agent
 //!    id), so a restart fences out the dead process at once instead of waiting
-//!    for its claims to go stale.
+//!    for its claims to go stale. A cycle also checks the held grant's expiry
+//!    on this agent's clock ([`DrainerState::held_until`]) before every claim
+//!    and every batch of sends it starts: a process resumed from a pause
+//!    (SIGSTOP, a stopped VM) may run its cycle before its lease keeper
+//!    notices the expiry, and must not start sending records that a new
+//!    holder has meanwhile taken back and sent. Past the expiry it starts
+//!    nothing more and gives its queued records back, so after a pause it
+//!    sends at most what it had handed to the connection before it.
 //! 2. **A record is completed only after its destination accepted it, or
 //!    after its DLQ entry is durable.** A crash between the send and the
 //!    completion re-sends the record: the duplicate window is the records
@@ -80,7 +87,7 @@ mod poll;
 mod tests;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use ferry_shared::config::{DrainPoll, FailureAction};
@@ -162,6 +169,9 @@ pub struct DrainerState {
     /// Outcomes whose write failed, with the version they were claimed
     /// under (invariant 6).
     leftovers: Mutex<Vec<(u64, cycle::Outcomes)>>,
+    /// Until when the lease keeper's grant lasts (`None`: not held); set on
+    /// every grant and renewal, cleared on loss (invariant 1).
+    held_until: Mutex<Option<SystemTime>>,
     cycles: FailureLog,
     dlq_writes: FailureLog,
     stats: FailureLog,
@@ -171,6 +181,7 @@ impl Default for DrainerState {
     fn default() -> Self {
         Self {
             leftovers: Mutex::new(Vec::new()),
+            held_until: Mutex::new(None),
             cycles: FailureLog::new("drain cycle"),
             dlq_writes: FailureLog::new("drainer dlq write"),
             stats: FailureLog::new("outbox stats"),
@@ -285,6 +296,25 @@ impl Drainer {
 }
 
 impl Drainer {
+    /// Records until when the held grant lasts (`None` once lost).
+    fn set_held_until(&self, until: Option<SystemTime>) {
+        *self
+            .state
+            .held_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = until;
+    }
+
+    /// True once the held grant expired on this agent's clock, or none is
+    /// held (invariant 1).
+    fn lease_expired(&self) -> bool {
+        self.state
+            .held_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none_or(|until| SystemTime::now() >= until)
+    }
+
     /// Refreshes the depth and oldest-age gauges every [`STATS_EVERY`] until
     /// `shutdown` (invariant 8).
     async fn stats_loop(&self, shutdown: CancellationToken) {

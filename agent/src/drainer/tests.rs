@@ -221,6 +221,8 @@ fn fixture(
         lease_resolved: Readiness::default().condition("lease"),
         state: Default::default(),
     };
+    // The tests run cycles directly, without a lease keeper: a grant that lasts.
+    drainer.set_held_until(Some(SystemTime::now() + Duration::from_secs(3600)));
     Fixture {
         drainer: Arc::new(drainer),
         outbox,
@@ -269,6 +271,22 @@ async fn bindings_keep_record_order_and_completed_records_are_gone() {
     assert_eq!(of("out/x"), ["0", "1", "2", "3", "4"]);
     assert_eq!(of("out/y"), ["0", "1"]);
     assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
+}
+
+/// A process resumed from a pause runs its cycle before its lease keeper notices that the
+/// grant expired: the cycle claims nothing and sends nothing (a new holder may have taken the
+/// records back and sent them), and the records stay pending.
+#[tokio::test]
+async fn a_cycle_past_the_grant_expiry_claims_and_sends_nothing() {
+    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    append(&f, "x", 0..3).await;
+    f.drainer
+        .set_held_until(Some(SystemTime::now() - Duration::from_secs(1)));
+    assert_eq!(cycle(&f).await, 0);
+    assert!(f.sender.sent.lock().expect("lock").is_empty());
+    let left = f.outbox.dump(P).expect("dump");
+    assert_eq!(left.len(), 3);
+    assert!(left.iter().all(|r| r.claim.is_none()), "nothing claimed");
 }
 
 #[tokio::test]

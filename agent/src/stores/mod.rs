@@ -162,6 +162,13 @@ impl StoreError {
                 | StoreError::Corrupt(_)
         )
     }
+
+    /// True when the store could not be reached or did not answer in time
+    /// (`Unavailable`, `Timeout`): a failure of the path to the store, not of
+    /// the operation, which any later answer from the store ends.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::Timeout(_))
+    }
 }
 
 /// The outbox: per-partition, fenced, ordered records (see the module

@@ -10,6 +10,11 @@
 //!   store answered correctly, and counting it would page someone for a
 //!   routine handover. `conflict`, `not_found` and `invalid` are answers
 //!   about the request, not failures of the store, and are not counted either;
+//! - `ferry_store_fenced_total{bridge, store, op}`: one per operation the
+//!   store rejected as `stale` — the trace of a holder that went on under a
+//!   lease version a newer holder had fenced out (a paused process resumed,
+//!   a lease lost mid-cycle). Not an error, but what shows that the fence
+//!   held;
 //! - a readiness condition `store {name}`: not met while any operation kind
 //!   is failing, with the last error as the reason
 //!   (`store dlq: full: sqlite: database or disk is full` in `/readyz`);
@@ -23,7 +28,10 @@
 //! because on a full disk deletes and reads still succeed while inserts fail:
 //! a successful `complete` must not declare the store recovered while every
 //! `append` fails. A store is healthy again only when every operation kind
-//! that failed has succeeded since. The decorator never changes a result.
+//! that failed has succeeded since — except failures to reach the store
+//! (`unavailable`, `timeout`), which any later answer ends: they say nothing
+//! about the kind of operation, and a kind tried only during the outage (a
+//! release) would otherwise keep the agent unready forever. The decorator never changes a result.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -89,13 +97,17 @@ impl StoreObserver {
     /// Records the result of one `op`.
     pub fn record<T>(&self, op: &'static str, result: &StoreResult<T>) {
         match result {
-            Err(error) if error.is_store_failure() => self.failed(op, error),
-            // The store answered (a value, or stale / not found / ...).
-            _ => {
-                if self.failing.load(Ordering::Acquire) {
-                    self.succeeded(op);
-                }
+            Err(error) if error.is_store_failure() => return self.failed(op, error),
+            Err(StoreError::Stale(_)) => {
+                self.metrics
+                    .store_fenced(&self.bridge, self.store, op)
+                    .inc();
             }
+            _ => {}
+        }
+        // The store answered (a value, or stale / not found / ...).
+        if self.failing.load(Ordering::Acquire) {
+            self.succeeded(op);
         }
     }
 
@@ -151,7 +163,14 @@ impl StoreObserver {
 
     fn succeeded(&self, op: &'static str) {
         let mut state = self.lock();
-        if state.ops.remove(op).is_none() {
+        let before = state.ops.len();
+        state.ops.remove(op);
+        // Any answer shows the store is reachable again: kinds that failed
+        // only because it was not (unavailable, timeout) are over too, even
+        // if they are not tried again soon (a release that failed during an
+        // outage may never be repeated).
+        state.ops.retain(|_, error| !error.is_unreachable());
+        if state.ops.len() == before {
             return;
         }
         if let Some(error) = state.ops.values().next_back() {
@@ -350,6 +369,27 @@ mod tests {
     }
 
     #[test]
+    fn any_answer_ends_a_failure_to_reach_the_store() {
+        let metrics = Arc::new(Metrics::new());
+        let readiness = Readiness::default();
+        let observer = StoreObserver::new("b", "outbox", metrics, &readiness);
+        let down = StoreError::Unavailable("postgres: connection refused".into());
+        observer.record::<()>("append", &Err(down.clone()));
+        observer.record::<()>("release", &Err(down));
+        observer.record::<()>("append", &Err(full()));
+        // The store answers again; the release is not tried again, and the
+        // append still fails for want of room.
+        observer.record("claim", &Ok(()));
+        assert!(
+            observer.is_failing(),
+            "the full store still refuses appends"
+        );
+        observer.record("append", &Ok(()));
+        assert!(!observer.is_failing());
+        assert!(readiness.unmet().is_empty());
+    }
+
+    #[test]
     fn health_follows_each_operation_kind_and_counts_only_store_failures() {
         let metrics = Arc::new(Metrics::new());
         let readiness = Readiness::default();
@@ -377,6 +417,11 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains(r#"kind="stale""#), "{text}");
+        // A fencing rejection is counted apart, per operation.
+        assert!(
+            text.contains(r#"ferry_store_fenced_total{bridge="b",store="dlq",op="put"} 1"#),
+            "{text}"
+        );
         assert!(!text.contains(r#"kind="not_found""#), "{text}");
     }
 }
