@@ -404,7 +404,7 @@ pub fn report(results: &[RelayResult]) -> String {
             ferry
                 .zip(minimal)
                 .filter(|(_, base)| *base > 0.0)
-                .map_or("-".to_owned(), |(f, base)| format!("{:.2}x", f / base))
+                .map_or("-".to_owned(), |(f, base)| format!("{:.3}x", f / base))
         };
         let throughput = |relayer| find(relayer, true).and_then(RelayResult::throughput);
         let latency = |relayer, pick: fn(&LatencySummary) -> Duration| {
