@@ -43,7 +43,8 @@ pub struct Tally {
 }
 
 impl Tally {
-    fn new(expected: u64) -> Self {
+    /// A fresh tally for a phase of `expected` messages numbered `0..expected`.
+    pub fn new(expected: u64) -> Self {
         let size = usize::try_from(expected).unwrap_or(usize::MAX);
         Self {
             seen: vec![0; size],
@@ -67,7 +68,8 @@ impl Tally {
         LatencySummary::from_samples(&mut self.latencies_ns.clone())
     }
 
-    fn record(&mut self, payload: &[u8], arrived_ns: u64) {
+    /// Counts one arrival of `payload` at clock time `arrived_ns`.
+    pub fn record(&mut self, payload: &[u8], arrived_ns: u64) {
         match payload::decode(payload) {
             Decoded::Probe => self.probes += 1,
             Decoded::Unparsed => self.unparsed += 1,
@@ -93,10 +95,48 @@ impl Tally {
     }
 }
 
+/// A [`Tally`] shared between the task that receives and the run that reads it: every
+/// benchmark consumer (MQTT here, JetStream and RabbitMQ in [`relay`](super::relay)) records
+/// through one.
+#[derive(Debug, Clone, Default)]
+pub struct SharedTally(Arc<Mutex<Tally>>);
+
+impl SharedTally {
+    /// Starts a measured phase of `expected` messages numbered `0..expected`.
+    pub fn arm(&self, expected: u64) {
+        *self.lock() = Tally::new(expected);
+    }
+
+    /// Counts one arrival of `payload`, now on `clock`.
+    pub fn record(&self, payload: &[u8], clock: Clock) {
+        let arrived_ns = clock.now_ns();
+        self.lock().record(payload, arrived_ns);
+    }
+
+    /// Probes received since the last [`Self::arm`] (or the start).
+    pub fn probes(&self) -> u64 {
+        self.lock().probes
+    }
+
+    /// Distinct messages received in this phase.
+    pub fn distinct(&self) -> u64 {
+        self.lock().distinct
+    }
+
+    /// A copy of the phase's tally.
+    pub fn snapshot(&self) -> Tally {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Tally> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// A subscriber on one destination.
 pub struct Collector {
     name: String,
-    tally: Arc<Mutex<Tally>>,
+    tally: SharedTally,
     client: AsyncClient,
     task: JoinHandle<()>,
 }
@@ -112,9 +152,9 @@ impl Collector {
             .set_clean_start(true)
             .set_keep_alive(Duration::from_secs(30));
         let (client, eventloop) = AsyncClient::new(options, 16);
-        let tally = Arc::new(Mutex::new(Tally::default()));
+        let tally = SharedTally::default();
         let (subscribed_tx, mut subscribed) = watch::channel(None);
-        let task = tokio::spawn(drive(eventloop, Arc::clone(&tally), subscribed_tx, clock));
+        let task = tokio::spawn(drive(eventloop, tally.clone(), subscribed_tx, clock));
         let collector = Self {
             name: name.to_owned(),
             tally,
@@ -143,31 +183,27 @@ impl Collector {
 
     /// Starts a measured phase of `expected` messages numbered `0..expected`.
     pub fn arm(&self, expected: u64) {
-        *self.lock() = Tally::new(expected);
+        self.tally.arm(expected);
     }
 
     /// Probes received since the last [`Self::arm`] (or the start).
     pub fn probes(&self) -> u64 {
-        self.lock().probes
+        self.tally.probes()
     }
 
     /// Distinct messages received in this phase.
     pub fn distinct(&self) -> u64 {
-        self.lock().distinct
+        self.tally.distinct()
     }
 
     /// A copy of the phase's tally.
     pub fn tally(&self) -> Tally {
-        self.lock().clone()
+        self.tally.snapshot()
     }
 
     /// True while the subscriber's connection task runs.
     pub fn is_running(&self) -> bool {
         !self.task.is_finished()
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Tally> {
-        self.tally.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -179,19 +215,13 @@ impl Drop for Collector {
 
 async fn drive(
     mut eventloop: EventLoop,
-    tally: Arc<Mutex<Tally>>,
+    tally: SharedTally,
     subscribed: watch::Sender<Option<SubscribeReasonCode>>,
     clock: Clock,
 ) {
     loop {
         match eventloop.poll().await {
-            Ok(Event::Incoming(Packet::Publish(publish))) => {
-                let arrived_ns = clock.now_ns();
-                tally
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .record(&publish.payload, arrived_ns);
-            }
+            Ok(Event::Incoming(Packet::Publish(publish))) => tally.record(&publish.payload, clock),
             Ok(Event::Incoming(Packet::SubAck(ack))) => {
                 subscribed.send_replace(ack.return_codes.first().copied());
             }

@@ -16,6 +16,8 @@
 //! - [`callgrind`]: the agent's instructions per message under Callgrind (`--callgrind`).
 //! - [`scenario`]: one run from start to stop, with deadlines.
 //! - [`report`]: the table and the floors.
+//! - [`relay`]: `ferry-bench relay`, an outbox table in PostgreSQL relayed to JetStream and
+//!   RabbitMQ by Ferry and by a minimal relay (issue 20).
 
 pub mod brokers;
 pub mod callgrind;
@@ -25,6 +27,7 @@ pub mod ferry;
 pub mod latency;
 pub mod payload;
 pub mod publisher;
+pub mod relay;
 pub mod report;
 pub mod rss;
 pub mod scenario;

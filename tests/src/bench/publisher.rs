@@ -189,7 +189,7 @@ impl Drop for Publisher {
 }
 
 /// How many messages are due `elapsed` into a run at `rate` per second (the first at once).
-fn due_by(elapsed: Duration, rate: u32) -> u64 {
+pub fn due_by(elapsed: Duration, rate: u32) -> u64 {
     let due = elapsed.as_nanos() * u128::from(rate) / 1_000_000_000 + 1;
     u64::try_from(due).unwrap_or(u64::MAX)
 }

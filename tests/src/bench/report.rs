@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::ferry::FerryRoute;
+use super::ferry::{FerryRoute, Store};
 use super::publisher::Pace;
 use super::scenario::{Contender, RunResult};
 
@@ -63,7 +63,7 @@ pub fn runs_table(runs: &[RunResult]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<28} {:>6} {:<10} {:>13} {:>5} {:>10} {:>8} {:>8} {:>8} {:>9}",
+        "{:<34} {:>6} {:<10} {:>13} {:>5} {:>10} {:>8} {:>8} {:>8} {:>9}",
         "run",
         "pace",
         "dest",
@@ -86,8 +86,8 @@ pub fn runs_table(runs: &[RunResult]) -> String {
             };
             let _ = writeln!(
                 out,
-                "{:<28} {:>6} {:<10} {:>13} {:>5} {:>10} {:>8} {:>8} {:>8} {:>9}",
-                run.spec.contender.label(),
+                "{:<34} {:>6} {:<10} {:>13} {:>5} {:>10} {:>8} {:>8} {:>8} {:>9}",
+                run.spec.label(),
                 run.spec.pace_label(),
                 d.name,
                 format!("{}/{}", d.tally.distinct, d.tally.expected()),
@@ -102,8 +102,8 @@ pub fn runs_table(runs: &[RunResult]) -> String {
         if let Some(rss) = run.rss {
             let _ = writeln!(
                 out,
-                "{:<28} {:>6} agent RSS peak {:.1} MiB (sampled VmRSS {:.1} MiB, VmHWM {})",
-                run.spec.contender.label(),
+                "{:<34} {:>6} agent RSS peak {:.1} MiB (sampled VmRSS {:.1} MiB, VmHWM {})",
+                run.spec.label(),
                 run.spec.pace_label(),
                 mib(rss.peak_bytes()),
                 mib(rss.sampled_peak_kib * 1024),
@@ -114,8 +114,8 @@ pub fn runs_table(runs: &[RunResult]) -> String {
         if let Some(cpu) = run.cpu {
             let _ = writeln!(
                 out,
-                "{:<28} {:>6} agent CPU {} µs/msg ({:.2} s user + {:.2} s sys for {} messages)",
-                run.spec.contender.label(),
+                "{:<34} {:>6} agent CPU {} µs/msg ({:.2} s user + {:.2} s sys for {} messages)",
+                run.spec.label(),
                 run.spec.pace_label(),
                 cpu.micros_per_message()
                     .map_or("-".to_owned(), |us| format!("{us:.1}")),
@@ -127,9 +127,9 @@ pub fn runs_table(runs: &[RunResult]) -> String {
         if let Some(ir) = run.instructions {
             let _ = writeln!(
                 out,
-                "{:<28} {:>6} agent instructions {:.0} Ir/msg net, {:.0} gross ({} Ir for {} messages \
+                "{:<34} {:>6} agent instructions {:.0} Ir/msg net, {:.0} gross ({} Ir for {} messages \
                  in {:.1} s; idle {:.0} Ir/s; dump part {})",
-                run.spec.contender.label(),
+                run.spec.label(),
                 run.spec.pace_label(),
                 ir.net_per_message(),
                 ir.gross_per_message(),
@@ -144,8 +144,8 @@ pub fn runs_table(runs: &[RunResult]) -> String {
             let first_line = error.lines().next().unwrap_or_default();
             let _ = writeln!(
                 out,
-                "{:<28} {:>6} INCOMPLETE: {first_line}",
-                run.spec.contender.label(),
+                "{:<34} {:>6} INCOMPLETE: {first_line}",
+                run.spec.label(),
                 run.spec.pace_label()
             );
         }
@@ -153,11 +153,90 @@ pub fn runs_table(runs: &[RunResult]) -> String {
     out
 }
 
-/// Evaluates every floor over the runs of one invocation.
+/// Issue 19's comparison of the stores: for each store a `shared_outbox` x3 run used, its
+/// flat-out messages per second (worst destination, and as a ratio of the SQLite run of the same
+/// invocation) beside its p50 / p99 at the fixed rate (worst destination). Empty when every run
+/// used SQLite.
+pub fn stores_table(runs: &[RunResult]) -> String {
+    let shared: Vec<&RunResult> = runs
+        .iter()
+        .filter(|r| r.spec.contender == Contender::Ferry(FerryRoute::SharedOutbox))
+        .collect();
+    let mut stores: Vec<Store> = Vec::new();
+    for run in &shared {
+        if !stores.contains(&run.spec.store) {
+            stores.push(run.spec.store);
+        }
+    }
+    if stores.iter().all(|&store| store == Store::Sqlite) {
+        return String::new();
+    }
+    let find = |store: Store, flat_out: bool| {
+        shared
+            .iter()
+            .copied()
+            .find(|r| r.spec.store == store && (r.spec.pace == Pace::FlatOut) == flat_out)
+            .filter(|r| r.complete())
+    };
+    let worst_throughput = |run: &RunResult| {
+        run.destinations
+            .iter()
+            .map(|d| d.throughput)
+            .collect::<Option<Vec<f64>>>()?
+            .into_iter()
+            .min_by(f64::total_cmp)
+    };
+    let worst_latency = |run: &RunResult, pick: fn(&super::latency::LatencySummary) -> Duration| {
+        run.destinations
+            .iter()
+            .map(|d| d.latency.map(|l| pick(&l)))
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .max()
+    };
+    let sqlite = find(Store::Sqlite, true).and_then(worst_throughput);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<10} {:>18} {:>10} {:>12} {:>14} {:>14}",
+        "store", "msg/s (worst dest)", "vs sqlite", "CPU µs/msg", "p50 ms (rate)", "p99 ms (rate)"
+    );
+    for store in stores {
+        let flat_out = find(store, true);
+        let throughput = flat_out.and_then(worst_throughput);
+        let paced = find(store, false);
+        let latency = |pick| {
+            paced
+                .and_then(|run| worst_latency(run, pick))
+                .map_or("-".to_owned(), |d| format!("{:.2}", ms(d)))
+        };
+        let _ = writeln!(
+            out,
+            "{:<10} {:>18} {:>10} {:>12} {:>14} {:>14}",
+            store.name(),
+            throughput.map_or("-".to_owned(), |t| format!("{t:.0}")),
+            throughput
+                .zip(sqlite)
+                .map_or("-".to_owned(), |(t, base)| format!("{:.2}x", t / base)),
+            flat_out
+                .and_then(|r| r.cpu?.micros_per_message())
+                .map_or("-".to_owned(), |us| format!("{us:.1}")),
+            latency(|l| l.p50),
+            latency(|l| l.p99),
+        );
+    }
+    out
+}
+
+/// Evaluates every floor over the runs of one invocation. Issue 3's floors are the edge agent's,
+/// so they read the SQLite runs (issue 19's stores are compared by [`stores_table`]).
 pub fn floors(runs: &[RunResult]) -> Vec<Floor> {
     let find = |contender: Contender, flat_out: bool| {
-        runs.iter()
-            .find(|r| r.spec.contender == contender && (r.spec.pace == Pace::FlatOut) == flat_out)
+        runs.iter().find(|r| {
+            r.spec.contender == contender
+                && r.spec.store_used() == Store::Sqlite
+                && (r.spec.pace == Pace::FlatOut) == flat_out
+        })
     };
     let mut floors = Vec::new();
 

@@ -19,12 +19,13 @@ use tokio::time::{Instant, sleep};
 use super::callgrind::{Counter, IDLE_BASELINE, Instructions};
 use super::collector::{Collector, Tally};
 use super::cpu::{self, CpuWindow};
-use super::ferry::{self, Agent, FerryRoute, FerryTuning};
+use super::ferry::{self, Agent, FerryRoute, FerryTuning, Store, StoreSite};
 use super::latency::LatencySummary;
 use super::payload::{Clock, PROBE};
 use super::publisher::{Pace, Published, Publisher};
 use super::rss::{Rss, RssSampler};
 use super::{DESTINATIONS, MEASURED_TOPIC, PROBE_TOPIC, brokers};
+use crate::{Moto, TestDatabase};
 
 /// How long the warm-up may take (bridge connections retry after a second; the agent starts).
 const WARM_UP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -76,9 +77,30 @@ pub struct RunSpec {
     pub contender: Contender,
     pub messages: u64,
     pub pace: Pace,
+    /// Where a `shared_outbox` route keeps its stores (the other runs use SQLite).
+    pub store: Store,
 }
 
 impl RunSpec {
+    /// The contender's label, with the store of a `shared_outbox` run:
+    /// `ferry shared_outbox x3 postgres`.
+    pub fn label(&self) -> String {
+        match self.contender {
+            Contender::Ferry(FerryRoute::SharedOutbox) => {
+                format!("{} {}", self.contender.label(), self.store.name())
+            }
+            _ => self.contender.label(),
+        }
+    }
+
+    /// The store this run's agent uses.
+    pub fn store_used(&self) -> Store {
+        match self.contender {
+            Contender::Ferry(FerryRoute::SharedOutbox) => self.store,
+            _ => Store::Sqlite,
+        }
+    }
+
     /// `flat out` or `1000/s`.
     pub fn pace_label(&self) -> String {
         match self.pace {
@@ -233,6 +255,8 @@ async fn measure(
         .context("starting broker A")?;
 
     let run_dir = tempdir(settings.data_dir.as_deref())?;
+    // Declared before the agent, so it is dropped (the database with it) after the agent.
+    let mut database = None;
     let run_dir = KeptDir {
         dir: Some(run_dir),
         keep: (settings.keep || settings.callgrind)
@@ -246,12 +270,15 @@ async fn measure(
                 .as_deref()
                 .context("no ferry-agent with a `run` command")?;
             let config_path = run_dir.path().join("bridge.yaml");
+            let (site, env) = prepare_stores(spec.store_used(), run_dir.path(), &mut database)
+                .await
+                .with_context(|| format!("preparing the {} stores", spec.store_used().name()))?;
             let mut yaml = ferry::config(
                 route,
                 settings.tuning,
                 &source.url(),
                 &destination.url(),
-                run_dir.path(),
+                &site,
                 prefixes,
             );
             if let Some(endpoint) = &settings.otlp_endpoint {
@@ -265,6 +292,7 @@ async fn measure(
                 binary,
                 &config_path,
                 run_dir.path(),
+                &env,
                 settings.callgrind,
             )?)
         }
@@ -342,6 +370,31 @@ async fn measure(
     Ok(())
 }
 
+/// Makes `store` ready for one run: SQLite files in `dir`, a fresh PostgreSQL database (kept in
+/// `database`, which drops it), or a unique table prefix on the moto server. Returns where the
+/// stores are and the environment the agent needs to reach them (moto's credentials).
+async fn prepare_stores(
+    store: Store,
+    dir: &Path,
+    database: &mut Option<TestDatabase>,
+) -> anyhow::Result<(StoreSite, Vec<(&'static str, String)>)> {
+    Ok(match store {
+        Store::Sqlite => (StoreSite::Sqlite(dir.to_owned()), Vec::new()),
+        Store::Postgres => {
+            let url = database.insert(TestDatabase::create().await?).url()?;
+            (StoreSite::Postgres { url }, Vec::new())
+        }
+        Store::Dynamodb => {
+            let moto = Moto::shared().await?;
+            let site = StoreSite::Dynamodb {
+                endpoint: moto.endpoint().to_owned(),
+                prefix: crate::ids::unique("ferry-bench"),
+            };
+            (site, moto.env())
+        }
+    })
+}
+
 /// Publishes probes until every collector has received one.
 async fn warm_up(
     publisher: &Publisher,
@@ -414,7 +467,9 @@ fn publish_duration(spec: RunSpec) -> Duration {
     }
 }
 
-fn tempdir(parent: Option<&Path>) -> anyhow::Result<tempfile::TempDir> {
+/// A fresh directory for one run, below `parent` (created if needed) or the system's temporary
+/// directory.
+pub fn tempdir(parent: Option<&Path>) -> anyhow::Result<tempfile::TempDir> {
     let mut builder = tempfile::Builder::new();
     builder.prefix("ferry-bench-");
     match parent {
