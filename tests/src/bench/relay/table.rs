@@ -1,7 +1,8 @@
 //! The application's side of the relay benchmark: the outbox table and the writers that fill it.
 //!
 //! The table is seed 004's (`id`, `aggregate_type`, `aggregate_id`, `event`, `payload`,
-//! `created_at`, `sent_at`), with seed 002's partial index on the pending rows, in a fresh
+//! `created_at`, `sent_at`, and the retry columns `retry_count`, `retry_at` the relay keeps its
+//! claims and retries in), with seed 002's partial index on the pending rows, in a fresh
 //! database per run. `payload` is `text` (the `postgres_table` receiver reads json, jsonb or
 //! text) holding the benchmark's own payload ([`payload::encode`]): the row's number and the
 //! clock time at which its INSERT was sent, so a consumer computes commit-to-delivery latency.
@@ -32,11 +33,14 @@ const DDL: &str = "CREATE TABLE outbox (
         event text NOT NULL,
         payload text NOT NULL,
         created_at timestamptz NOT NULL DEFAULT now(),
+        retry_count int,
+        retry_at timestamptz,
         sent_at timestamptz);
     CREATE INDEX outbox_pending ON outbox (id) WHERE sent_at IS NULL";
 
-/// Rows go to this many aggregates (`a0` … `a15`), in turn.
-const AGGREGATES: u64 = 16;
+/// Rows go to this many aggregates (`a0` … `a255`), in turn: the relay keeps one row per
+/// aggregate in flight (per-aggregate order), so this is how many rows can be in flight.
+const AGGREGATES: u64 = 256;
 
 /// Connections the paced writer spreads its INSERTs over: one commit at a time each, so a slow
 /// fsync holds back only the rows queued behind it on its own connection.
