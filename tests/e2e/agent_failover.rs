@@ -268,8 +268,13 @@ async fn a_killed_drainer_is_replaced_under_a_control_plane_lease() -> anyhow::R
         "    type: control_plane\n    options:\n      endpoint: {}\n",
         cp.endpoint()
     );
-    killed_drainer_is_replaced(postgres_stores(&url, &lease), Vec::new(), "control_plane", 1500)
-        .await?;
+    killed_drainer_is_replaced(
+        postgres_stores(&url, &lease),
+        Vec::new(),
+        "control_plane",
+        1500,
+    )
+    .await?;
     Ok(())
 }
 
