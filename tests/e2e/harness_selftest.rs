@@ -206,8 +206,9 @@ async fn process_is_killed_and_observed() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn process_output_sigterm_and_exit() -> anyhow::Result<()> {
+    // The trap is set before `ready` is printed: a SIGTERM right after it must reach the trap.
     let script =
-        "echo ready; echo oops >&2; trap 'echo bye; exit 3' TERM; while :; do sleep 0.05; done";
+        "trap 'echo bye; exit 3' TERM; echo ready; echo oops >&2; while :; do sleep 0.05; done";
     let mut shell = ChildProcess::spawn("sh", ["-c", script], [("FERRY_GREETING", "hi")])?;
     shell.wait_for_output("ready", TIMEOUT).await?;
     shell.sigterm()?;
