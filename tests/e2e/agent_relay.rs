@@ -467,17 +467,7 @@ async fn postgres_outbox_table_to_jetstream_marks_every_row_sent() -> anyhow::Re
         dir: dir.path().to_owned(),
     };
     let agent = relay.start_agent().await?;
-    for i in 0..N {
-        app.batch_execute(&format!(
-            "BEGIN;
-             INSERT INTO orders VALUES ({i});
-             INSERT INTO outbox (aggregate_type, aggregate_id, event, payload)
-                 VALUES ('orders', 'a{}', 'created', '{i}');
-             COMMIT",
-            i % 7
-        ))
-        .await?;
-    }
+    write_orders(&app, 0..N, 7).await?;
     let n = u64::try_from(N)?;
     let counts = finished(&agent, &relay, n).await?;
     assert_eq!((counts[0].sent, counts[0].dead_lettered), (n, 0));
@@ -517,6 +507,27 @@ const OUTBOX_DDL: &str = "CREATE TABLE orders (id bigint PRIMARY KEY);
          retry_at timestamptz,
          retry_count int,
          sent_at timestamptz)";
+
+/// The application's writes: order `i` of `orders`, each its business row and its outbox row
+/// (aggregate `a{i % aggregates}`, payload `i`) in one transaction.
+async fn write_orders(
+    app: &tokio_postgres::Client,
+    orders: std::ops::Range<i64>,
+    aggregates: i64,
+) -> anyhow::Result<()> {
+    for i in orders {
+        app.batch_execute(&format!(
+            "BEGIN;
+             INSERT INTO orders VALUES ({i});
+             INSERT INTO outbox (aggregate_type, aggregate_id, event, payload)
+                 VALUES ('orders', 'a{}', 'created', '{i}');
+             COMMIT",
+            i % aggregates
+        ))
+        .await?;
+    }
+    Ok(())
+}
 
 /// Inserts outbox rows `from..to` (payload = the number) in one statement.
 async fn insert_rows(app: &tokio_postgres::Client, from: i64, to: i64) -> anyhow::Result<()> {
@@ -920,17 +931,7 @@ async fn postgres_outbox_table_to_rabbitmq_in_order_per_aggregate() -> anyhow::R
         dir: dir.path().to_owned(),
     };
     let agent = relay.start_agent().await?;
-    for i in 0..N {
-        app.batch_execute(&format!(
-            "BEGIN;
-             INSERT INTO orders VALUES ({i});
-             INSERT INTO outbox (aggregate_type, aggregate_id, event, payload)
-                 VALUES ('orders', 'a{}', 'created', '{i}');
-             COMMIT",
-            i % 5
-        ))
-        .await?;
-    }
+    write_orders(&app, 0..N, 5).await?;
     let n = u64::try_from(N)?;
     let counts = finished(&agent, &relay, n).await?;
     assert_eq!((counts[0].sent, counts[0].dead_lettered), (n, 0));
