@@ -195,6 +195,13 @@ pub(crate) fn claim_is_stale(claimed_at: SystemTime, now: SystemTime, after: Dur
     now.duration_since(claimed_at).is_ok_and(|age| age >= after)
 }
 
+/// The claim time (Unix nanoseconds) before which a claim is stale at `now`
+/// (a backend that compares stored times in its query).
+pub(crate) fn stale_before(now: SystemTime, after: Duration) -> StoreResult<i64> {
+    let after = i64::try_from(after.as_nanos()).unwrap_or(i64::MAX);
+    Ok(super::unix_nanos(now)?.saturating_sub(after))
+}
+
 /// A record row as a backend stores it (times in Unix nanoseconds, integers
 /// as `i64`), before its times are decoded and its envelope attached.
 pub(crate) struct RawRecord {

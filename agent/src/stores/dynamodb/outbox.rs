@@ -61,7 +61,7 @@ use super::{
     DynamoDbOptions, Item, MAX_TRANSACTION, Table, b, build_error, check_size, condition_failed,
     get_b, get_n, get_s, n, opt_n, opt_s, s, transient_cancel,
 };
-use crate::stores::outbox::{RawRecord, into_records, stale, validate_append};
+use crate::stores::outbox::{RawRecord, into_records, stale, stale_before, validate_append};
 use crate::stores::{
     BoxFuture, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release, StoreError,
     StoreResult, from_unix_nanos, unix_nanos,
@@ -735,9 +735,7 @@ impl OutboxStore for DynamoDbOutboxStore {
         now: SystemTime,
     ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
         Box::pin(async move {
-            let after =
-                i64::try_from(self.options.stale_claim_duration.as_nanos()).unwrap_or(i64::MAX);
-            let stale_before = unix_nanos(now)?.saturating_sub(after);
+            let stale_before = stale_before(now, self.options.stale_claim_duration)?;
             self.claiming(
                 partition,
                 owner,

@@ -59,7 +59,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{GenericClient, Row};
 
 use super::{Db, PostgresOptions, TxError, in_transaction, schema, to_i64, to_u64};
-use crate::stores::outbox::{RawRecord, into_records, stale, validate_append};
+use crate::stores::outbox::{RawRecord, into_records, stale, stale_before, validate_append};
 use crate::stores::{
     BoxFuture, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release, StoreError,
     StoreResult, from_unix_nanos, unix_nanos,
@@ -577,9 +577,7 @@ impl OutboxStore for PostgresOutboxStore {
         now: SystemTime,
     ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
         Box::pin(async move {
-            let after =
-                i64::try_from(self.options.stale_claim_duration.as_nanos()).unwrap_or(i64::MAX);
-            let stale_before = unix_nanos(now)?.saturating_sub(after);
+            let stale_before = stale_before(now, self.options.stale_claim_duration)?;
             self.claiming(
                 partition,
                 owner,
