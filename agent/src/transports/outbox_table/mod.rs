@@ -244,13 +244,11 @@ impl Receiver for TableReceiver {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_delays_double_up_to_the_cap() {
-        let s = TableSettings {
-            name: "s".into(),
+impl TableSettings {
+    /// A PostgreSQL table's settings for unit tests: 3 retries, backoff from 1 s to 10 s.
+    pub(crate) fn for_tests() -> Self {
+        TableSettings {
+            name: "db".into(),
             database: Database::Postgres,
             url: "postgres://h/db".into(),
             username: None,
@@ -266,7 +264,17 @@ mod tests {
             on_sent: OnSent::Mark,
             retention: None,
             notify_channel: None,
-        };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_double_up_to_the_cap() {
+        let s = TableSettings::for_tests();
         let delays: Vec<u64> = (0..6).map(|n| s.retry_delay(n).as_secs()).collect();
         assert_eq!(delays, [1, 2, 4, 8, 10, 10]);
         assert_eq!(s.retry_delay(u32::MAX), Duration::from_secs(10));

@@ -363,7 +363,6 @@ fn envelope_of(s: &TableSettings, row: Row) -> Envelope {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transports::outbox_table::{Columns, Database};
 
     /// Records what the relay writes.
     #[derive(Default)]
@@ -405,22 +404,10 @@ mod tests {
 
     fn settings() -> TableSettings {
         TableSettings {
-            name: "db".into(),
-            database: Database::Postgres,
-            url: "postgres://h/db".into(),
-            username: None,
-            password: None,
-            table: "outbox".into(),
-            columns: Columns::default(),
-            poll_interval: Duration::from_secs(1),
             batch_size: 10,
-            claim_ttl: Duration::from_secs(30),
             max_retries: 2,
-            retry_backoff: Duration::from_secs(1),
             retry_backoff_max: Duration::from_secs(60),
-            on_sent: OnSent::Mark,
-            retention: None,
-            notify_channel: None,
+            ..TableSettings::for_tests()
         }
     }
 
