@@ -229,7 +229,10 @@ async fn a_killed_drainer_is_replaced_by_the_other_agent_and_nothing_is_lost() -
 /// transaction costs the table's size; concurrent writes to the table sometimes make that
 /// copy fail with an HTTP 500, which the agents take as an unavailable store and retry (so
 /// the run also shows that nothing is lost when writes fail). The failover figure printed is
-/// moto's, slowed by those retries, not DynamoDB's.
+/// moto's, slowed by those retries, not DynamoDB's. The outbox's `stale_claim_duration` is
+/// 45 s (it must exceed the 30 s send timeout): once in a CI run a record stayed claimed past
+/// the 120 s wait after such failures, and a stale claim being taken back is the outbox's
+/// designed recovery (the default is 5 min).
 #[tokio::test]
 async fn a_killed_drainer_is_replaced_by_the_other_agent_on_dynamodb() -> anyhow::Result<()> {
     let moto = Moto::shared().await?;
@@ -248,7 +251,7 @@ async fn a_killed_drainer_is_replaced_by_the_other_agent_on_dynamodb() -> anyhow
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
     let stores = format!(
-        "stores:\n{}{}{}",
+        "stores:\n{}      stale_claim_duration: 45s\n{}{}",
         table("outbox"),
         table("lease"),
         table("dlq")

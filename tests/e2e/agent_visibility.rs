@@ -6,6 +6,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use anyhow::Context;
 use ferry_shared::api::v1 as pb;
 use ferry_shared::api::v1::dlq_service_client::DlqServiceClient;
 use ferry_tests::agent::{Agent, http_get};
@@ -72,8 +73,12 @@ async fn agent_log_to_a_file_has_no_colour_codes() -> anyhow::Result<()> {
     let mut bridge = Bridge::new(&a.url(), &b.url(), dir.path(), &["out"]);
     bridge.shared_outbox = false;
     let mut agent = bridge.start_agent().await?;
-    let stderr = agent.process().map(|p| p.stderr()).unwrap_or_default();
-    assert!(stderr.contains("bridge running"), "{stderr}");
+    // Ready can be reported a moment before the line is read back from the log file.
+    let process = agent.process().context("the agent's process")?;
+    process
+        .wait_for_output("bridge running", Duration::from_secs(10))
+        .await?;
+    let stderr = process.stderr();
     assert!(
         !stderr.contains("\x1b["),
         "colour codes in a log file: {:?}",
