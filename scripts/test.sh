@@ -58,7 +58,8 @@ start_moto() {
     for attempt in 1 2 3; do
         port="$("$FERRY_VENV/bin/python" -c \
             'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-        "$FERRY_VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
+        # tests/moto_server.py: moto with DynamoDB requests served one at a time.
+        "$FERRY_VENV/bin/python" tests/moto_server.py -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
         MOTO_PID=$!
         deadline=$((SECONDS + 30))
         while kill -0 "$MOTO_PID" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do

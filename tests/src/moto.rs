@@ -1,7 +1,9 @@
 //! One moto server (SQS, SNS and DynamoDB on loopback) shared by the tests of a process.
 //!
-//! [`Moto::shared`] starts `moto_server` from the Python venv at `$FERRY_VENV` (default: `.venv`
-//! at the repository root, where `./scripts/setup.sh` installs it) on a free loopback port the
+//! [`Moto::shared`] starts moto's server (through `tests/moto_server.py`, which serves DynamoDB
+//! requests one at a time: moto's transactions are not isolated otherwise) with the Python of the
+//! venv at `$FERRY_VENV` (default: `.venv` at the repository root, where `./scripts/setup.sh`
+//! installs it) on a free loopback port the
 //! first time a test asks, and returns the same server to every later caller in the process.
 //! The server dies with the test process (see [`crate::process`]). When `$FERRY_TEST_MOTO_URL`
 //! is set (`./scripts/test.sh` starts one server for the whole run and sets it), that server is
@@ -54,7 +56,7 @@ impl Moto {
     /// A server of the caller's own on a free port, which it may [`Self::kill`] and
     /// [`Self::restart`] (an outage); started even when `$FERRY_TEST_MOTO_URL` is set.
     pub async fn start_private() -> anyhow::Result<Moto> {
-        let binary = moto_server_binary()?;
+        let binary = venv_python()?;
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
             match Self::start(&binary, free_port()?).await {
@@ -85,7 +87,7 @@ impl Moto {
             .next()
             .and_then(|p| p.parse().ok())
             .context("the endpoint has a port")?;
-        *self = Self::start(&moto_server_binary()?, port).await?;
+        *self = Self::start(&venv_python()?, port).await?;
         Ok(())
     }
 
@@ -149,7 +151,7 @@ impl Moto {
                 server: None,
             });
         }
-        let binary = moto_server_binary()?;
+        let binary = venv_python()?;
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
             match Self::start(&binary, free_port()?).await {
@@ -173,6 +175,7 @@ impl Moto {
             .tempdir()
             .context("creating a temporary directory for moto")?;
         let mut command = Command::new(binary);
+        command.arg(workspace_root().join("tests").join("moto_server.py"));
         command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
         let mut server = ChildProcess::spawn_in_temp_dir(command, "moto", dir.path())?;
         let addr = loopback(port);
@@ -198,11 +201,12 @@ impl Moto {
     }
 }
 
-fn moto_server_binary() -> anyhow::Result<PathBuf> {
+/// The venv's Python, which has moto.
+fn venv_python() -> anyhow::Result<PathBuf> {
     let venv = std::env::var_os("FERRY_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join(".venv"));
-    let binary = venv.join("bin").join("moto_server");
+    let binary = venv.join("bin").join("python");
     if !binary.is_file() {
         bail!(
             "moto is not installed ({} does not exist): run ./scripts/test.sh, or \
