@@ -37,7 +37,11 @@
 //! 5. `claim` returns, oldest first (`seq` order, hence record order within
 //!    each binding), pending records and the caller's own claims older than
 //!    `stale_claim_duration` (a drainer that lost track of a batch gets it back
-//!    without a version bump).
+//!    without a version bump). A `claim` whose outcome is not known may have
+//!    claimed records it did not return; a backend whose claim is not one
+//!    transaction (DynamoDB) knows which it chose and returns them with the
+//!    owner's next `claim` under the same version, the others after
+//!    `stale_claim_duration`.
 //! 6. A counted release (a failed send) adds one to `replay_count` and sets
 //!    `first_attempt_at` if unset; an uncounted one (never tried) changes
 //!    neither. Both make the record pending.

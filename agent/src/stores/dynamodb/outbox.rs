@@ -33,12 +33,21 @@
 //!    that record is left out of its answer. A claim at `v` that races a
 //!    raise to `v + 1` may still write `v` after it: a void claim, pending
 //!    for the new holder, whose completions at `v` are `Stale`.
+//!    Each claiming call writes a fresh `claim_token` with its claims and
+//!    also accepts a record already claimed with that token: the SDK
+//!    resends an update whose answer was lost (a 5xx or a timeout after
+//!    the write applied), and the resent update must return the record,
+//!    not fail its condition and leave it claimed by nobody who knows.
 //! 5. **Completions and releases** read the records named (consistent
 //!    `BatchGetItem`), keep those claimed at exactly `v`, and change them
 //!    in transactions that also check the fence (`hwm <= v`) and each
 //!    record's `claim_version = v`: a raise or another agent's claim in
 //!    between cancels the transaction, and the call reads again (a raise
-//!    makes it `Stale`).
+//!    makes it `Stale`). A completion the SDK resent after its answer was
+//!    lost finds its records gone; as only the holder of `v` completes at
+//!    `v`, records read claimed at `v` and gone after a cancelled
+//!    completion of this call count as completed by it (they were: counting
+//!    them keeps the drainer's figures exact).
 //! 6. **A message goes with its last record.** A completion groups the
 //!    records it deletes by message and reads which records of each message
 //!    are left (none when it deletes every seq of the message). The transaction deleting a message's last records deletes
@@ -47,6 +56,18 @@
 //!    second is cancelled, reads again and deletes the message item. A
 //!    message's records, its deletion and its checks fit one transaction
 //!    (invariant 2), so no crash leaves a message item without records.
+//! 7. **A failed claim owes its records.** A claim is many updates, not one
+//!    transaction: when the call fails, some of the records it chose may be
+//!    claimed (earlier updates applied, or a failed one applied before its
+//!    answer was lost). The store keeps the chosen seqs, with the owner and
+//!    version, and its next `claim` for that owner and version claims them
+//!    first, whatever their age (the owner's claim at `v` is accepted): the
+//!    drainer gets them back at once instead of after
+//!    `stale_claim_duration` (the stores' invariant 5). A record of them
+//!    that is pending is simply claimed; one claimed by another version is
+//!    left out, as in any claim. What a failed `expire` chose is owed to
+//!    the next `claim` too (the drainer disposes of expired records it
+//!    claims).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -79,10 +100,14 @@ const PAGE: i32 = 1000;
 
 /// A record's claim condition (invariant 4).
 const CLAIMABLE: &str = "attribute_exists(pk) AND (attribute_not_exists(claim_version) \
-    OR claim_version < :v OR (claim_version = :v AND claim_owner = :o AND claimed_at <= :stale))";
+    OR claim_version < :v OR (claim_version = :v AND claim_owner = :o \
+    AND (claimed_at <= :stale OR claim_token = :t)))";
 /// A record's expiry condition (invariant 4).
 const EXPIRABLE: &str = "attribute_exists(pk) AND (attribute_not_exists(claim_version) \
-    OR claim_version < :v) AND expires_at <= :now";
+    OR claim_version < :v OR (claim_version = :v AND claim_owner = :o AND claim_token = :t)) \
+    AND expires_at <= :now";
+/// What a settle removes with a claim.
+const UNCLAIM: &str = "REMOVE claim_version, claim_owner, claimed_at, claim_token";
 
 /// An outbox in a DynamoDB table.
 pub struct DynamoDbOutboxStore {
@@ -91,7 +116,13 @@ pub struct DynamoDbOutboxStore {
     /// Per partition: the turn of this store's appends, and the counter as
     /// the last of them left it (`None`: read it).
     appenders: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<u64>>>>>,
+    /// Per partition and owner: what failed claiming calls owe, and the
+    /// version they claimed at (invariant 7).
+    owed: Mutex<HashMap<(String, String), Owed>>,
 }
+
+/// Seqs a failed claiming call may have claimed, and its version.
+type Owed = (u64, BTreeSet<u64>);
 
 /// The key of the fence and the records of `partition`.
 fn records_pk(partition: &str) -> String {
@@ -114,6 +145,19 @@ enum Pick {
     Claim { stale_before: i64 },
     /// Pending records expired at `now`.
     Expire,
+}
+
+/// One claiming call: who claims where, at which version and time, and the
+/// token its updates write (invariant 4).
+struct Call<'a> {
+    partition: &'a str,
+    /// The partition's records' key.
+    rpk: String,
+    owner: &'a str,
+    version: u64,
+    /// Unix nanoseconds.
+    now: i64,
+    token: String,
 }
 
 /// How claimed records are settled.
@@ -177,6 +221,7 @@ impl DynamoDbOutboxStore {
             table,
             options,
             appenders: Mutex::new(HashMap::new()),
+            owed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -334,12 +379,17 @@ impl DynamoDbOutboxStore {
                     *cached = Some(last);
                     return Ok((first..=last).collect());
                 }
-                // The counter moved (another agent appended) or a
-                // concurrent transaction was in the way: read again.
+                // The counter moved (another agent appended, or this very
+                // transaction applied and was resent) or a concurrent
+                // transaction was in the way: read again.
                 Err(codes)
                     if codes.first().is_some_and(|c| c == "ConditionalCheckFailed")
                         || transient_cancel(&codes) =>
                 {
+                    if self.holds(&rpk, first, &message.records[0].id).await? {
+                        *cached = Some(last);
+                        return Ok((first..=last).collect());
+                    }
                     attempt += 1;
                     self.table
                         .pause(attempt, &format!("append to {partition} lost a race"))
@@ -355,6 +405,19 @@ impl DynamoDbOutboxStore {
         }
     }
 
+    /// Whether record `seq` is the one with `id`: an append whose
+    /// transaction the SDK resent after it applied (its answer lost) finds
+    /// its own first record there. DynamoDB itself answers such a resend
+    /// as a success (the SDK's idempotency token); moto does not. A record
+    /// of it already completed by another agent is not found, and the
+    /// message is appended again: a duplicate, never a loss.
+    async fn holds(&self, rpk: &str, seq: u64, id: &str) -> StoreResult<bool> {
+        Ok(match self.get(rpk, seq).await? {
+            Some(item) => opt_s(&item, "id")?.as_deref() == Some(id),
+            None => false,
+        })
+    }
+
     fn put_new(&self, item: Item) -> StoreResult<TransactWriteItem> {
         let put = Put::builder()
             .table_name(&self.table.name)
@@ -365,7 +428,7 @@ impl DynamoDbOutboxStore {
         Ok(TransactWriteItem::builder().put(put).build())
     }
 
-    /// Claims (invariant 4).
+    /// Claims (invariants 4 and 7).
     async fn claiming(
         &self,
         partition: &str,
@@ -380,35 +443,85 @@ impl DynamoDbOutboxStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let rpk = records_pk(partition);
-        let mut chosen = Vec::new();
-        let page = i32::try_from(limit.saturating_add(50))
-            .unwrap_or(PAGE)
-            .min(PAGE);
-        self.table
-            .query(&rpk, (HEAD + 1, LAST), page, |item| {
-                let claim: Option<u64> = opt_n(&item, "claim_version")?;
-                let pending = claim.is_none_or(|c| c < version);
-                let wanted = match pick {
-                    Pick::Claim { stale_before } => {
-                        pending
-                            || (claim == Some(version)
-                                && opt_s(&item, "claim_owner")?.as_deref() == Some(owner)
-                                && opt_n::<i64>(&item, "claimed_at")?
-                                    .is_some_and(|at| at <= stale_before))
+        let owed = match pick {
+            Pick::Claim { .. } => self.take_owed(partition, owner, version),
+            Pick::Expire => BTreeSet::new(),
+        };
+        let mut chosen = owed.clone();
+        let call = Call {
+            partition,
+            rpk: records_pk(partition),
+            owner,
+            version,
+            now,
+            token: uuid::Uuid::now_v7().to_string(),
+        };
+        let claimed = self
+            .claim_chosen(&call, limit, pick, &owed, &mut chosen)
+            .await;
+        if claimed.is_err() {
+            self.owe(partition, owner, version, chosen);
+        }
+        claimed
+    }
+
+    /// Adds to `chosen` (which holds what is `owed`) what `pick` finds, up
+    /// to `limit`, and claims them all.
+    async fn claim_chosen(
+        &self,
+        call: &Call<'_>,
+        limit: usize,
+        pick: Pick,
+        owed: &BTreeSet<u64>,
+        chosen: &mut BTreeSet<u64>,
+    ) -> StoreResult<Vec<OutboxRecord>> {
+        let Call {
+            partition,
+            owner,
+            version,
+            now,
+            ..
+        } = *call;
+        if chosen.len() < limit {
+            let page = i32::try_from(limit.saturating_add(50))
+                .unwrap_or(PAGE)
+                .min(PAGE);
+            self.table
+                .query(&call.rpk, (HEAD + 1, LAST), page, |item| {
+                    let claim: Option<u64> = opt_n(&item, "claim_version")?;
+                    let pending = claim.is_none_or(|c| c < version);
+                    let wanted = match pick {
+                        Pick::Claim { stale_before } => {
+                            pending
+                                || (claim == Some(version)
+                                    && opt_s(&item, "claim_owner")?.as_deref() == Some(owner)
+                                    && opt_n::<i64>(&item, "claimed_at")?
+                                        .is_some_and(|at| at <= stale_before))
+                        }
+                        Pick::Expire => {
+                            pending
+                                && opt_n::<i64>(&item, "expires_at")?.is_some_and(|at| at <= now)
+                        }
+                    };
+                    if wanted {
+                        chosen.insert(get_n::<u64>(&item, "sk")?);
                     }
-                    Pick::Expire => {
-                        pending && opt_n::<i64>(&item, "expires_at")?.is_some_and(|at| at <= now)
+                    Ok(chosen.len() < limit)
+                })
+                .await?;
+        }
+        let claimed: Vec<StoreResult<Option<Item>>> = stream::iter(chosen.iter().copied())
+            .map(|seq| {
+                // An owed record is the owner's claim at `version`, whatever its age.
+                let pick = if owed.contains(&seq) {
+                    Pick::Claim {
+                        stale_before: i64::MAX,
                     }
+                } else {
+                    pick
                 };
-                if wanted {
-                    chosen.push(get_n::<u64>(&item, "sk")?);
-                }
-                Ok(chosen.len() < limit)
+                self.claim_one(call, seq, pick)
             })
-            .await?;
-        let claimed: Vec<StoreResult<Option<Item>>> = stream::iter(chosen)
-            .map(|seq| self.claim_one(&rpk, seq, owner, version, now, pick))
             .buffered(CLAIM_CONCURRENCY)
             .collect()
             .await;
@@ -421,27 +534,55 @@ impl DynamoDbOutboxStore {
         self.with_envelopes(partition, rows).await
     }
 
-    /// Claims one record on the condition that chose it; `None` when
-    /// another agent changed it first.
-    async fn claim_one(
-        &self,
-        rpk: &str,
-        seq: u64,
-        owner: &str,
-        version: u64,
-        now: i64,
-        pick: Pick,
-    ) -> StoreResult<Option<Item>> {
+    /// What failed claiming calls of `owner` owe in `partition` under
+    /// `version` (those of another version are void: invariant 3).
+    fn take_owed(&self, partition: &str, owner: &str, version: u64) -> BTreeSet<u64> {
+        let owed = self
+            .owed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&(partition.to_owned(), owner.to_owned()));
+        match owed {
+            Some((v, seqs)) if v == version => seqs,
+            _ => BTreeSet::new(),
+        }
+    }
+
+    /// Remembers what a failed claiming call may have claimed (invariant 7).
+    fn owe(&self, partition: &str, owner: &str, version: u64, seqs: BTreeSet<u64>) {
+        if seqs.is_empty() {
+            return;
+        }
+        let mut owed = self
+            .owed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let entry = owed
+            .entry((partition.to_owned(), owner.to_owned()))
+            .or_insert_with(|| (version, BTreeSet::new()));
+        if entry.0 != version {
+            *entry = (version, BTreeSet::new());
+        }
+        entry.1.extend(seqs);
+    }
+
+    /// Claims one record on the condition that chose it (or the call's own
+    /// earlier attempt: invariant 4); `None` when another agent changed it
+    /// first.
+    async fn claim_one(&self, call: &Call<'_>, seq: u64, pick: Pick) -> StoreResult<Option<Item>> {
         let update = self
             .table
             .client
             .update_item()
             .table_name(&self.table.name)
-            .set_key(Some(key(rpk, seq)))
-            .update_expression("SET claim_version = :v, claim_owner = :o, claimed_at = :now")
-            .expression_attribute_values(":v", n(version))
-            .expression_attribute_values(":o", s(owner))
-            .expression_attribute_values(":now", n(now))
+            .set_key(Some(key(&call.rpk, seq)))
+            .update_expression(
+                "SET claim_version = :v, claim_owner = :o, claimed_at = :now, claim_token = :t",
+            )
+            .expression_attribute_values(":v", n(call.version))
+            .expression_attribute_values(":o", s(call.owner))
+            .expression_attribute_values(":now", n(call.now))
+            .expression_attribute_values(":t", s(&call.token))
             .return_values(ReturnValue::AllNew);
         let update = match pick {
             Pick::Claim { stale_before } => update
@@ -492,6 +633,10 @@ impl DynamoDbOutboxStore {
         let rpk = records_pk(partition);
         let mut wanted: BTreeSet<u64> = seqs.iter().copied().collect();
         let mut done = Vec::new();
+        // Seqs of completions that were cancelled: the SDK may have resent a
+        // transaction that had applied (its answer lost), which the resend
+        // then finds changed.
+        let mut in_doubt = BTreeSet::new();
         let mut attempt = 0;
         'read: loop {
             let hwm = self.hwm(partition).await?;
@@ -505,6 +650,18 @@ impl DynamoDbOutboxStore {
                 .table
                 .get_many(wanted.iter().map(|seq| key(&rpk, *seq)).collect())
                 .await?;
+            // Only a completion at `version`, which only this caller makes,
+            // deletes a record claimed at `version` while the fence allows
+            // it: one in doubt that is gone was deleted by this call.
+            let present = items
+                .iter()
+                .map(|item| get_n(item, "sk"))
+                .collect::<StoreResult<BTreeSet<u64>>>()?;
+            for seq in std::mem::take(&mut in_doubt) {
+                if !present.contains(&seq) {
+                    done.push(seq);
+                }
+            }
             // Per message: its last seq and the seqs to settle.
             let mut mine: BTreeMap<u64, (u64, Vec<u64>)> = BTreeMap::new();
             for item in &items {
@@ -538,6 +695,9 @@ impl DynamoDbOutboxStore {
                     // The fence or a record changed, or a concurrent
                     // transaction was in the way: read again.
                     Err(codes) => {
+                        if matches!(how, Settle::Complete) {
+                            in_doubt.extend(seqs);
+                        }
                         attempt += 1;
                         self.table
                             .pause(
@@ -658,18 +818,16 @@ impl DynamoDbOutboxStore {
                 .condition_expression("claim_version = :v")
                 .expression_attribute_values(":v", n(version));
             let update = match how {
-                Release::Untried => {
-                    update.update_expression("REMOVE claim_version, claim_owner, claimed_at")
-                }
+                Release::Untried => update.update_expression(UNCLAIM),
                 Release::Failed {
                     error,
                     attempted_at,
                 } => update
-                    .update_expression(
+                    .update_expression(format!(
                         "SET replay_count = replay_count + :one, \
                          first_attempt_at = if_not_exists(first_attempt_at, :at), \
-                         last_error = :error REMOVE claim_version, claim_owner, claimed_at",
-                    )
+                         last_error = :error {UNCLAIM}"
+                    ))
                     .expression_attribute_values(":one", n(1))
                     .expression_attribute_values(":at", n(unix_nanos(*attempted_at)?))
                     .expression_attribute_values(":error", s(error)),
@@ -807,6 +965,11 @@ impl OutboxStore for DynamoDbOutboxStore {
 mod tests {
     use std::sync::Arc;
 
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use aws_sdk_dynamodb::config::interceptors::BeforeDeserializationInterceptorContextMut;
+    use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents, SharedInterceptor};
+    use aws_smithy_runtime_api::client::orchestrator::Metadata;
     use ferry_tests::moto::Moto;
 
     use super::*;
@@ -925,6 +1088,141 @@ mod tests {
         ));
         assert_eq!(second.complete("p", 2, &[1, 2]).await, Ok(vec![1, 2]));
         assert_eq!(first.envelopes("p").await, Ok(0));
+    }
+
+    /// Turns the answers of the next `lose` calls of `operation` into HTTP
+    /// 500s after the service applied them: the SDK resends such a call,
+    /// and gives up after its attempts. Other operations pass.
+    #[derive(Debug)]
+    struct LoseAnswers {
+        operation: &'static str,
+        lose: Arc<AtomicU32>,
+    }
+
+    impl Intercept for LoseAnswers {
+        fn name(&self) -> &'static str {
+            "LoseAnswers"
+        }
+
+        fn modify_before_deserialization(
+            &self,
+            context: &mut BeforeDeserializationInterceptorContextMut<'_>,
+            _: &RuntimeComponents,
+            cfg: &mut ConfigBag,
+        ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            let update = cfg
+                .load::<Metadata>()
+                .is_some_and(|m| m.name() == self.operation);
+            let lost = update
+                && self
+                    .lose
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+            if lost {
+                *context.response_mut().status_mut() = 500.try_into()?;
+            }
+            Ok(())
+        }
+    }
+
+    /// A store whose client loses answers of `operation` on demand, on a
+    /// fresh table, with `records` messages of one binding appended and the
+    /// fence at 1.
+    async fn losing_answers(
+        operation: &'static str,
+        records: usize,
+    ) -> (DynamoDbOutboxStore, Arc<AtomicU32>) {
+        let (client, options) = dynamodb_table("lost").await;
+        let lose = Arc::new(AtomicU32::new(0));
+        let client = aws_sdk_dynamodb::Client::from_conf(
+            client
+                .config()
+                .to_builder()
+                .interceptor(SharedInterceptor::new(LoseAnswers {
+                    operation,
+                    lose: Arc::clone(&lose),
+                }))
+                .build(),
+        );
+        let store = DynamoDbOutboxStore::open_with(client, options)
+            .await
+            .expect("open");
+        for i in 0..records {
+            store
+                .append("p", message(&format!("m{i}"), 1))
+                .await
+                .expect("append");
+        }
+        // Raises the fence, so that every update of the claims below is a
+        // record's.
+        assert_eq!(store.claim("p", "o", 1, 0, t(1)).await, Ok(Vec::new()));
+        (store, lose)
+    }
+
+    fn seqs(records: &[OutboxRecord]) -> Vec<u64> {
+        records.iter().map(|r| r.seq).collect()
+    }
+
+    /// A claim's update applied, its answer lost, the SDK resends it: the
+    /// resent update finds the record claimed by its own call and returns
+    /// it (invariant 4), instead of leaving it claimed and unreturned.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resent_claim_update_returns_its_record() {
+        let (store, lose) = losing_answers("UpdateItem", 3).await;
+        lose.store(1, Ordering::SeqCst);
+        let claimed = store.claim("p", "o", 1, 10, t(2)).await.expect("claim");
+        assert_eq!(lose.load(Ordering::SeqCst), 0, "an answer was lost");
+        assert_eq!(seqs(&claimed), vec![1, 2, 3]);
+    }
+
+    /// Every answer of a claim lost until the SDK gives up: the call fails,
+    /// its records are claimed in the table, and the same owner's next
+    /// claim returns them at once, in order (invariant 7) — not after
+    /// `stale_claim_duration`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_claim_owes_its_records_to_the_next() {
+        let (store, lose) = losing_answers("UpdateItem", 3).await;
+        lose.store(u32::MAX, Ordering::SeqCst);
+        let failed = store.claim("p", "o", 1, 10, t(2)).await;
+        assert!(failed.is_err_and(|e| !e.outcome_known()));
+        lose.store(0, Ordering::SeqCst);
+        let stats = store.stats("p").await.expect("stats");
+        assert_eq!(stats.total.claimed, 3, "the lost updates applied");
+        // Still well within the stale claim duration.
+        let claimed = store.claim("p", "o", 1, 10, t(3)).await.expect("claim");
+        assert_eq!(seqs(&claimed), vec![1, 2, 3]);
+        assert_eq!(store.complete("p", 1, &[1, 2, 3]).await, Ok(vec![1, 2, 3]));
+    }
+
+    /// A completion applied, its answer lost, the SDK resends it and the
+    /// resend is cancelled (the records are gone; moto, unlike DynamoDB,
+    /// ignores the idempotency token): the call still reports the records
+    /// it deleted (invariant 5), so that the drainer counts them as sent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resent_completion_reports_what_it_deleted() {
+        let (store, lose) = losing_answers("TransactWriteItems", 3).await;
+        let claimed = store.claim("p", "o", 1, 10, t(2)).await.expect("claim");
+        assert_eq!(seqs(&claimed), vec![1, 2, 3]);
+        lose.store(1, Ordering::SeqCst);
+        assert_eq!(store.complete("p", 1, &[1, 2, 3]).await, Ok(vec![1, 2, 3]));
+        assert_eq!(lose.load(Ordering::SeqCst), 0, "an answer was lost");
+        assert_eq!(store.stats("p").await.map(|s| s.total.depth), Ok(0));
+        assert_eq!(store.envelopes("p").await, Ok(0));
+    }
+
+    /// An append applied, its answer lost, the SDK resends it and the
+    /// resend fails its condition (the counter moved): the append finds its
+    /// own records and reports their seqs instead of appending the message
+    /// a second time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resent_append_is_stored_once() {
+        let (store, lose) = losing_answers("TransactWriteItems", 0).await;
+        lose.store(1, Ordering::SeqCst);
+        assert_eq!(store.append("p", message("m", 2)).await, Ok(vec![1, 2]));
+        assert_eq!(lose.load(Ordering::SeqCst), 0, "an answer was lost");
+        assert_eq!(store.stats("p").await.map(|s| s.total.depth), Ok(2));
+        assert_eq!(store.envelopes("p").await, Ok(1));
+        assert_eq!(store.append("p", message("n", 1)).await, Ok(vec![3]));
     }
 
     /// The service unreachable: appends and claims fail with an unknown
