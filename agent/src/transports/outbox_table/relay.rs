@@ -36,7 +36,8 @@ impl fmt::Display for DbError {
 /// A claimed row.
 #[derive(Debug)]
 pub(crate) struct Row {
-    pub id: i64,
+    /// The id as text (an integer's digits, a UUID …), as the dialect binds it back.
+    pub id: String,
     pub aggregate_type: Option<String>,
     pub aggregate_id: Option<String>,
     pub event: Option<String>,
@@ -52,29 +53,29 @@ pub(crate) trait Dialect: Send + Sized + 'static {
     fn connect(s: &TableSettings) -> impl Future<Output = Result<Self, DbError>> + Send;
 
     /// Claims up to `limit` head rows (module docs): locks them with `FOR UPDATE SKIP LOCKED`,
-    /// leases them for `claim_ttl` and commits; in id order.
+    /// leases them for `claim_ttl` and commits; in claim order (`order_by`).
     fn claim(&mut self, limit: u32) -> impl Future<Output = Result<Vec<Row>, DbError>> + Send;
 
     /// Marks rows sent (`on_sent: mark`) or deletes them (`delete`).
     fn settle_sent(
         &mut self,
-        ids: &[i64],
+        ids: &[String],
         on_sent: OnSent,
     ) -> impl Future<Output = Result<(), DbError>> + Send;
 
     /// Records a failed delivery: `retry_count = retry_count`, `retry_at = now + delay`.
     fn retry_later(
         &mut self,
-        id: i64,
+        id: &str,
         retry_count: u32,
         delay: Duration,
     ) -> impl Future<Output = Result<(), DbError>> + Send;
 
     /// Gives unsent rows back at once (`retry_at = null`).
-    fn release(&mut self, ids: &[i64]) -> impl Future<Output = Result<(), DbError>> + Send;
+    fn release(&mut self, ids: &[String]) -> impl Future<Output = Result<(), DbError>> + Send;
 
     /// Extends the lease of unsent rows to `now + claim_ttl`.
-    fn extend(&mut self, ids: &[i64]) -> impl Future<Output = Result<(), DbError>> + Send;
+    fn extend(&mut self, ids: &[String]) -> impl Future<Output = Result<(), DbError>> + Send;
 
     /// Deletes up to one slice of rows sent before `now - retention`; returns how many.
     fn purge(&mut self, retention: Duration) -> impl Future<Output = Result<u64, DbError>> + Send;
@@ -106,11 +107,11 @@ impl From<DbError> for Ended {
 /// The rows in flight and the outcomes not yet written.
 struct State {
     /// Row id → its `retry_count` when claimed.
-    in_flight: HashMap<i64, u32>,
+    in_flight: HashMap<String, u32>,
     /// Settled outcomes still to be written.
-    pending: Vec<(i64, Outcome)>,
-    outcomes_tx: mpsc::UnboundedSender<(i64, Outcome)>,
-    outcomes: mpsc::UnboundedReceiver<(i64, Outcome)>,
+    pending: Vec<(String, Outcome)>,
+    outcomes_tx: mpsc::UnboundedSender<(String, Outcome)>,
+    outcomes: mpsc::UnboundedReceiver<(String, Outcome)>,
 }
 
 pub(super) async fn run<D: Dialect>(s: TableSettings, link: Link) {
@@ -171,7 +172,7 @@ pub(super) async fn run<D: Dialect>(s: TableSettings, link: Link) {
 /// What woke the relay loop.
 enum Event {
     Shutdown,
-    Settled(Option<(i64, Outcome)>),
+    Settled(Option<(String, Outcome)>),
     PollDue,
     Woken,
     Heartbeat,
@@ -248,7 +249,7 @@ async fn relay<D: Dialect>(s: &TableSettings, db: &mut D, link: &Link, state: &m
             Event::Settled(settled) => state.pending.extend(settled),
             Event::PollDue | Event::Woken => claim_due = true,
             Event::Heartbeat => {
-                let ids: Vec<i64> = state.in_flight.keys().copied().collect();
+                let ids: Vec<String> = state.in_flight.keys().cloned().collect();
                 if !ids.is_empty()
                     && let Err(e) = db.extend(&ids).await
                 {
@@ -282,15 +283,15 @@ async fn flush<D: Dialect>(
     let mut sent = Vec::new();
     let mut released = Vec::new();
     let mut failed = Vec::new();
-    for &(id, outcome) in &state.pending {
-        let retry_count = state.in_flight.get(&id).copied().unwrap_or_default();
+    for (id, outcome) in &state.pending {
+        let retry_count = state.in_flight.get(id).copied().unwrap_or_default();
         if outcome.acknowledges() {
-            sent.push(id);
-        } else if outcome == Outcome::Shutdown {
-            released.push(id);
+            sent.push(id.clone());
+        } else if *outcome == Outcome::Shutdown {
+            released.push(id.clone());
         } else {
-            tracing::debug!(session = %s.name, id, ?outcome, retry_count, "row not relayed; retried later");
-            failed.push((id, retry_count, s.retry_delay(retry_count)));
+            tracing::debug!(session = %s.name, %id, ?outcome, retry_count, "row not relayed; retried later");
+            failed.push((id.as_str(), retry_count, s.retry_delay(retry_count)));
         }
     }
     if !sent.is_empty() {
@@ -311,7 +312,8 @@ async fn flush<D: Dialect>(
 
 /// Hands one claimed row to the route; false once the receiver is gone.
 fn hand_out(s: &TableSettings, link: &Link, state: &mut State, row: Row) -> bool {
-    let id = row.id;
+    let id = row.id.clone();
+    state.in_flight.insert(id.clone(), row.retry_count);
     let defect = (row.retry_count >= s.max_retries).then_some(Defect::RetriesExhausted {
         retries: row.retry_count,
         limit: s.max_retries,
@@ -327,13 +329,12 @@ fn hand_out(s: &TableSettings, link: &Link, state: &mut State, row: Row) -> bool
             outcomes.send((id, outcome)).ok();
         }),
     };
-    state.in_flight.insert(id, retry_count);
     match link.deliveries.try_send(delivery) {
         Ok(()) => true,
         // Cannot happen (the channel holds `batch_size`, the rows in flight at most); the
         // dropped delivery settles itself as abandoned, so the row is retried.
         Err(mpsc::error::TrySendError::Full(_)) => {
-            tracing::warn!(session = %s.name, id, "delivery channel full; row retried later");
+            tracing::warn!(session = %s.name, "delivery channel full; row retried later");
             true
         }
         Err(mpsc::error::TrySendError::Closed(_)) => false,
@@ -367,9 +368,9 @@ mod tests {
     /// Records what the relay writes.
     #[derive(Default)]
     struct Recorded {
-        sent: Vec<i64>,
-        released: Vec<i64>,
-        retried: Vec<(i64, u32, Duration)>,
+        sent: Vec<String>,
+        released: Vec<String>,
+        retried: Vec<(String, u32, Duration)>,
     }
 
     impl Dialect for Recorded {
@@ -379,19 +380,19 @@ mod tests {
         async fn claim(&mut self, _: u32) -> Result<Vec<Row>, DbError> {
             Ok(Vec::new())
         }
-        async fn settle_sent(&mut self, ids: &[i64], _: OnSent) -> Result<(), DbError> {
-            self.sent.extend(ids);
+        async fn settle_sent(&mut self, ids: &[String], _: OnSent) -> Result<(), DbError> {
+            self.sent.extend_from_slice(ids);
             Ok(())
         }
-        async fn retry_later(&mut self, id: i64, n: u32, delay: Duration) -> Result<(), DbError> {
-            self.retried.push((id, n, delay));
+        async fn retry_later(&mut self, id: &str, n: u32, delay: Duration) -> Result<(), DbError> {
+            self.retried.push((id.to_owned(), n, delay));
             Ok(())
         }
-        async fn release(&mut self, ids: &[i64]) -> Result<(), DbError> {
-            self.released.extend(ids);
+        async fn release(&mut self, ids: &[String]) -> Result<(), DbError> {
+            self.released.extend_from_slice(ids);
             Ok(())
         }
-        async fn extend(&mut self, _: &[i64]) -> Result<(), DbError> {
+        async fn extend(&mut self, _: &[String]) -> Result<(), DbError> {
             Ok(())
         }
         async fn purge(&mut self, _: Duration) -> Result<u64, DbError> {
@@ -421,9 +422,9 @@ mod tests {
         }
     }
 
-    fn row(id: i64, retry_count: u32) -> Row {
+    fn row(id: &str, retry_count: u32) -> Row {
         Row {
-            id,
+            id: id.into(),
             aggregate_type: Some("orders".into()),
             aggregate_id: Some("a1".into()),
             event: None,
@@ -439,21 +440,26 @@ mod tests {
         let s = settings();
         let mut db = Recorded::default();
         let mut state = state();
-        state.in_flight.extend([(1, 0), (2, 0), (3, 2), (4, 0)]);
-        state.pending.extend([
-            (1, Outcome::DeadLettered),
-            (2, Outcome::Shutdown),
-            (3, Outcome::Failed),
-            (4, Outcome::BackPressure),
-        ]);
+        state
+            .in_flight
+            .extend([("1", 0), ("2", 0), ("3", 2), ("4", 0)].map(|(id, n)| (id.to_owned(), n)));
+        state.pending.extend(
+            [
+                ("1", Outcome::DeadLettered),
+                ("2", Outcome::Shutdown),
+                ("3", Outcome::Failed),
+                ("4", Outcome::BackPressure),
+            ]
+            .map(|(id, outcome)| (id.to_owned(), outcome)),
+        );
         flush(&s, &mut db, &mut state).await.expect("flush");
-        assert_eq!(db.sent, [1]);
-        assert_eq!(db.released, [2]);
+        assert_eq!(db.sent, ["1"]);
+        assert_eq!(db.released, ["2"]);
         assert_eq!(
             db.retried,
             [
-                (3, 3, Duration::from_secs(4)),
-                (4, 1, Duration::from_secs(1))
+                ("3".to_owned(), 3, Duration::from_secs(4)),
+                ("4".to_owned(), 1, Duration::from_secs(1))
             ]
         );
         assert!(state.in_flight.is_empty() && state.pending.is_empty());
@@ -472,10 +478,11 @@ mod tests {
             shutdown: CancellationToken::new(),
         };
         let mut state = state();
-        assert!(hand_out(&s, &link, &mut state, row(7, 1)));
-        assert!(hand_out(&s, &link, &mut state, row(8, 2)));
+        let uuid = "0190a8c2-7a5e-7c3d-9f1e-2b4c6d8e0f12";
+        assert!(hand_out(&s, &link, &mut state, row(uuid, 1)));
+        assert!(hand_out(&s, &link, &mut state, row("8", 2)));
         let first = receiver.recv().await.expect("delivery");
-        assert_eq!(first.envelope.id, "outbox:7");
+        assert_eq!(first.envelope.id, format!("outbox:{uuid}"));
         assert_eq!(first.envelope.header("aggregate_id"), Some("a1"));
         assert!(first.defect.is_none() && first.redelivered && first.source_retries);
         let second = receiver.recv().await.expect("delivery");
@@ -492,10 +499,13 @@ mod tests {
             state.outcomes.recv().await.expect("settled"),
             state.outcomes.recv().await.expect("settled"),
         ];
-        settled.sort_by_key(|(id, _)| *id);
+        settled.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(
             settled,
-            [(7, Outcome::Abandoned), (8, Outcome::DeadLettered)]
+            [
+                (uuid.to_owned(), Outcome::Abandoned),
+                ("8".to_owned(), Outcome::DeadLettered)
+            ]
         );
         assert_eq!(state.in_flight.len(), 2);
     }
