@@ -962,3 +962,117 @@ async fn postgres_outbox_table_to_rabbitmq_in_order_per_aggregate() -> anyhow::R
     queue.delete().await;
     Ok(())
 }
+
+/// Seed 002's table as it is written: a uuid id the application chooses, the event as jsonb,
+/// a status and its partial index; no retry columns yet.
+const SEED_002_DDL: &str = "CREATE TABLE users (id uuid PRIMARY KEY, name text NOT NULL);
+     CREATE TABLE outbox_events (
+         id uuid PRIMARY KEY,
+         event jsonb NOT NULL,
+         status text NOT NULL DEFAULT 'pending',
+         created_at timestamptz NOT NULL DEFAULT now());
+     CREATE INDEX idx_outbox_status_created ON outbox_events (status, created_at)
+         WHERE status = 'pending'";
+
+/// The one-line migration docs/configuration.md gives for seed 002's table.
+const SEED_002_MIGRATION: &str = "ALTER TABLE outbox_events \
+     ADD COLUMN retry_count integer NOT NULL DEFAULT 0, ADD COLUMN retry_at timestamptz";
+
+/// Seed 002's set-up end to end: the agent starts on the table as written and says which
+/// column is missing (the table and the column by name); the application writes users, each
+/// with its `outbox_events` row (a random UUID) in the same transaction; after the documented
+/// migration the agent relays them to RabbitMQ with `columns.status` and `order_by:
+/// created_at`: every event arrives once as written, with `message_id` = `outbox_events:UUID`,
+/// in `created_at` order (one row in flight, random UUIDs: id order would differ), and every
+/// row ends `processed`.
+#[tokio::test]
+async fn seed_002_outbox_events_with_uuid_ids_and_a_status_column_to_rabbitmq() -> anyhow::Result<()>
+{
+    const N: i64 = 500;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(SEED_002_DDL).await?;
+    let queue = TestQueue::declare("ferry-e2e-seed002").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some(TableSource {
+            receiver_extra: "    batch_size: 1\n    order_by: created_at\n    columns:\n      payload: event\n      event: null\n      aggregate_type: null\n      aggregate_id: null\n      status: status\n".into(),
+            url: format!("postgres://127.0.0.1:5432/{}", db.name()),
+            ..TableSource::postgres_named("outbox_events")
+        }),
+        direct_hold: true,
+        transport: "rabbitmq",
+        url: ferry_tests::rabbitmq::url(),
+        bindings: vec![("q".into(), format!("/{}", queue.name))],
+        dir: dir.path().to_owned(),
+    };
+    let mut agent = Agent::start(&relay.dir, &relay.yaml())?;
+    let missing = "table outbox_events has no column retry_count (columns.retry_count)";
+    wait::until(DELIVERY, "the missing column named in the log", || {
+        std::future::ready(agent.output().contains(missing))
+    })
+    .await?;
+    for i in 0..N {
+        app.batch_execute(&format!(
+            "BEGIN;
+             INSERT INTO users VALUES (gen_random_uuid(), 'user {i}');
+             INSERT INTO outbox_events (id, event, status)
+                 VALUES (gen_random_uuid(), '{{\"type\": \"user.created\", \"seq\": {i}}}', 'pending');
+             COMMIT"
+        ))
+        .await?;
+    }
+    app.batch_execute(SEED_002_MIGRATION).await?;
+    agent.wait_ready(DELIVERY).await?;
+    let n = u64::try_from(N)?;
+    let counts = finished(&agent, &relay, n).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (n, 0));
+    let got = queue
+        .wait_until(DELIVERY, "every event in the queue", |r| {
+            r.len() >= N as usize
+        })
+        .await?;
+    let written: Vec<(String, String)> = app
+        .query(
+            "SELECT 'outbox_events:' || id::text, event::text FROM outbox_events \
+             ORDER BY created_at, id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let arrived: Vec<(String, String)> = got
+        .iter()
+        .map(|m| {
+            (
+                m.message_id.clone().unwrap_or_default(),
+                String::from_utf8_lossy(&m.payload).into_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        arrived, written,
+        "each event once, as written, in created_at order"
+    );
+    let by_id: Vec<&String> = written.iter().map(|(id, _)| id).collect();
+    let mut sorted = by_id.clone();
+    sorted.sort();
+    assert_ne!(
+        by_id, sorted,
+        "random UUIDs: id order is not created_at order"
+    );
+    wait::until(DELIVERY, "every row processed", || async {
+        app.query_one(
+            "SELECT count(*) FROM outbox_events WHERE status <> 'processed'",
+            &[],
+        )
+        .await
+        .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+    })
+    .await?;
+    queue.delete().await;
+    Ok(())
+}
