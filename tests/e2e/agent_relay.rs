@@ -1076,3 +1076,126 @@ async fn seed_002_outbox_events_with_uuid_ids_and_a_status_column_to_rabbitmq() 
     queue.delete().await;
     Ok(())
 }
+
+/// A UUID-shaped id for `seq` whose text order is unrelated to `seq` (an application's random
+/// UUIDs, reproducibly).
+fn scattered_uuid(seq: u64) -> String {
+    let h = format!(
+        "{:016x}{:016x}",
+        seq.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        seq
+    );
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// MariaDB with ids the application chooses: `CHAR(36)` UUIDs (not in insert order), a status
+/// column and `order_by: created_at`; the agent relays to JetStream on per-aggregate subjects:
+/// every row arrives once with `Nats-Msg-Id` = `outbox:UUID`, each aggregate in `created_at`
+/// order (with `order_by: id` it would not be), and every row ends `done`.
+#[tokio::test]
+async fn mariadb_uuid_ids_and_a_status_column_in_created_at_order_per_aggregate()
+-> anyhow::Result<()> {
+    const WRITERS: u64 = 3;
+    const PER_WRITER: u64 = 150;
+    let db = TestMysql::create().await?;
+    let mut app = db.connect().await?;
+    app.query_drop(
+        "CREATE TABLE outbox (
+             id CHAR(36) PRIMARY KEY,
+             aggregate_id VARCHAR(255) NOT NULL,
+             payload JSON NOT NULL,
+             status VARCHAR(16) NOT NULL DEFAULT 'new',
+             created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+             retry_at DATETIME(6) NULL,
+             retry_count INT NOT NULL DEFAULT 0,
+             KEY outbox_pending (status, created_at))",
+    )
+    .await?;
+    let stream = TestStream::create("ferry_e2e_mysql_uuid").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some(TableSource {
+            receiver_extra: "    order_by: created_at\n    pending_status: new\n    sent_status: done\n    columns:\n      aggregate_type: null\n      event: null\n      status: status\n".into(),
+            ..TableSource::mysql(&db)
+        }),
+        direct_hold: true,
+        transport: "nats",
+        url: ferry_tests::nats::url(),
+        bindings: vec![(
+            "js".into(),
+            format!("{}.{{header:aggregate_id}}", stream.subject),
+        )],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let mut conn = db.connect().await?;
+        writers.push(tokio::spawn(async move {
+            for i in 0..PER_WRITER {
+                let seq = w * PER_WRITER + i;
+                conn.query_drop(format!(
+                    "INSERT INTO outbox (id, aggregate_id, payload) VALUES ('{}', 'w{w}-{}', '{seq}')",
+                    scattered_uuid(seq),
+                    i % 3,
+                ))
+                .await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for writer in writers {
+        writer.await??;
+    }
+    let total = WRITERS * PER_WRITER;
+    let counts = finished(&agent, &relay, total).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (total, 0));
+    let stored = stream.wait_for(usize::try_from(total)?, DELIVERY).await?;
+    assert_eq!(
+        stored.len(),
+        usize::try_from(total)?,
+        "each row stored once"
+    );
+    assert_ordered(&per_subject(&stored));
+    let ids: Vec<(String, String)> = app
+        .query("SELECT CONCAT('outbox:', id), CAST(payload AS CHAR) FROM outbox")
+        .await?;
+    let written: BTreeSet<(String, String)> = ids.into_iter().collect();
+    let arrived: BTreeSet<(String, String)> = stored
+        .iter()
+        .map(|m| {
+            (
+                m.header("Nats-Msg-Id").unwrap_or_default().to_owned(),
+                String::from_utf8_lossy(&m.payload).into_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(arrived, written, "each row under its UUID");
+    let by_created: Vec<String> = app
+        .query("SELECT id FROM outbox ORDER BY created_at, id")
+        .await?;
+    let mut by_id = by_created.clone();
+    by_id.sort();
+    assert_ne!(by_created, by_id, "id order is not created_at order");
+    wait::until(DELIVERY, "every row done", || async {
+        match db.connect().await {
+            Ok(mut c) => c
+                .query_first::<i64, _>("SELECT count(*) FROM outbox WHERE status <> 'done'")
+                .await
+                .is_ok_and(|n| n == Some(0)),
+            Err(_) => false,
+        }
+    })
+    .await?;
+    stream.delete().await?;
+    Ok(())
+}

@@ -143,24 +143,31 @@ impl Dialect for Mysql {
         let order = c.order(str::to_owned);
         let heads = match &c.aggregate_id {
             // The first unsent row of each aggregate in claim order (each row without an
-            // aggregate id is its own group), if due: one pass over the unsent rows (see the
+            // aggregate id is its own group), if due: one pass over the unsent rows, with
+            // `min(id)` in id order and a window in `(created_at, id)` order (see the
             // PostgreSQL dialect).
             Some(agg) => {
-                let created = c
-                    .created_at
-                    .as_ref()
-                    .map(|k| format!(", {k}"))
-                    .unwrap_or_default();
-                format!(
-                    "SELECT CAST(h.{id} AS CHAR) FROM (SELECT {id}, {ra}{created}, ROW_NUMBER() OVER (\
-                     PARTITION BY CASE WHEN {agg} IS NULL OR {agg} = '' THEN CONCAT('n:', {id}) \
-                     ELSE CONCAT('a:', {agg}) END ORDER BY {order}) AS ferry_n \
-                     FROM {t} WHERE {unsent}) h \
-                     WHERE h.ferry_n = 1 AND (h.{ra} IS NULL OR h.{ra} <= NOW(6)) \
-                     ORDER BY {} LIMIT {limit}",
-                    c.order(|k| format!("h.{k}")),
-                    unsent = c.unsent(),
-                )
+                let unsent = c.unsent();
+                let group = format!(
+                    "CASE WHEN {agg} IS NULL OR {agg} = '' THEN CONCAT('n:', {id}) \
+                     ELSE CONCAT('a:', {agg}) END"
+                );
+                match &c.created_at {
+                    None => format!(
+                        "SELECT CAST(o.{id} AS CHAR) FROM {t} o JOIN (\
+                         SELECT min({id}) AS head FROM {t} WHERE {unsent} GROUP BY {group}) h \
+                         ON o.{id} = h.head WHERE o.{ra} IS NULL OR o.{ra} <= NOW(6) \
+                         ORDER BY o.{id} LIMIT {limit}"
+                    ),
+                    Some(created_at) => format!(
+                        "SELECT CAST(h.{id} AS CHAR) FROM (SELECT {id}, {ra}, {created_at}, \
+                         ROW_NUMBER() OVER (PARTITION BY {group} ORDER BY {order}) AS ferry_n \
+                         FROM {t} WHERE {unsent}) h \
+                         WHERE h.ferry_n = 1 AND (h.{ra} IS NULL OR h.{ra} <= NOW(6)) \
+                         ORDER BY {} LIMIT {limit}",
+                        c.order(|k| format!("h.{k}")),
+                    ),
+                }
             }
             None => format!(
                 "SELECT CAST({id} AS CHAR) FROM {t} WHERE {claimable} ORDER BY {order} LIMIT {limit}"

