@@ -549,6 +549,10 @@ pub struct TableColumns {
     /// When the application wrote the row, for `order_by: created_at`. Default `created_at`.
     #[serde(default)]
     pub created_at: Option<String>,
+    /// A JSON object of string values (json, jsonb or text), each a message header; a row
+    /// whose value is not one is dead-lettered. Default: none.
+    #[serde(default)]
+    pub headers: Option<String>,
 }
 
 /// An absent key is `None`, an explicit null `Some(None)`.
@@ -558,7 +562,7 @@ fn nullable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<Stri
 
 impl TableColumns {
     /// `(key, configured name)` of every column set to a name.
-    pub fn names(&self) -> [(&'static str, Option<&str>); 10] {
+    pub fn names(&self) -> [(&'static str, Option<&str>); 11] {
         [
             ("id", self.id.as_deref()),
             (
@@ -576,6 +580,7 @@ impl TableColumns {
             ("retry_count", self.retry_count.as_deref()),
             ("retry_at", self.retry_at.as_deref()),
             ("created_at", self.created_at.as_deref()),
+            ("headers", self.headers.as_deref()),
         ]
     }
 
@@ -647,6 +652,7 @@ impl TableColumns {
             ("retry_at", self.retry_at()),
         ]);
         used.extend(self.created_at(order_by).map(|c| ("created_at", c)));
+        used.extend(self.headers.as_deref().map(|c| ("headers", c)));
         used
     }
 }

@@ -169,6 +169,8 @@ pub struct Columns {
     pub retry_at: String,
     /// Rows go out in `(created_at, id)` order when set, in id order otherwise.
     pub created_at: Option<String>,
+    /// A JSON object of string values, the message's headers, if the table has it.
+    pub headers: Option<String>,
     /// `(config key, name)` of every column above, for the check at connect.
     used: Vec<(&'static str, String)>,
 }
@@ -216,6 +218,7 @@ impl Columns {
             retry_count: names.retry_count().to_owned(),
             retry_at: names.retry_at().to_owned(),
             created_at: names.created_at(order_by).map(str::to_owned),
+            headers: names.headers.clone(),
             used: names
                 .used(order_by)
                 .into_iter()

@@ -183,13 +183,14 @@ impl Dialect for Mysql {
         }
         let or_null = |column: &Option<String>| column.clone().unwrap_or_else(|| "NULL".into());
         let lock = format!(
-            "SELECT CAST({id} AS CHAR), {}, {}, {}, {}, COALESCE({}, 0) FROM {t} \
+            "SELECT CAST({id} AS CHAR), {}, {}, {}, {}, COALESCE({}, 0), {} FROM {t} \
              WHERE {id} IN ({}) AND {claimable} ORDER BY {order} FOR UPDATE SKIP LOCKED",
             or_null(&c.aggregate_type),
             or_null(&c.aggregate_id),
             or_null(&c.event),
             c.payload,
             c.retry_count,
+            or_null(&c.headers),
             self.ids(&heads)?
         );
         let mut options = TxOpts::default();
@@ -208,6 +209,7 @@ impl Dialect for Mysql {
                 aggregate_id: value(r, 2)?,
                 event: value(r, 3)?,
                 payload: value::<Vec<u8>>(r, 4)?.unwrap_or_default(),
+                headers: value(r, 6)?,
                 retry_count: u32::try_from(retry_count.max(0)).unwrap_or(u32::MAX),
             });
         }

@@ -109,13 +109,14 @@ impl Statements {
         Self {
             heads,
             lock: format!(
-                "SELECT {id}::text, {}, {}, {}, {}::text, COALESCE({}, 0)::bigint FROM {t} \
+                "SELECT {id}::text, {}, {}, {}, {}::text, COALESCE({}, 0)::bigint, {} FROM {t} \
                  WHERE {these} AND {claimable} ORDER BY {order} FOR UPDATE SKIP LOCKED",
                 text(&c.aggregate_type),
                 text(&c.aggregate_id),
                 text(&c.event),
                 c.payload,
-                c.retry_count
+                c.retry_count,
+                text(&c.headers)
             ),
             lease: format!(
                 "UPDATE {t} SET {retry_at} = now() + make_interval(secs => $2) \
@@ -220,6 +221,7 @@ impl Dialect for Postgres {
                 aggregate_id: r.try_get(2).map_err(db)?,
                 event: r.try_get(3).map_err(db)?,
                 payload: payload.unwrap_or_default().into_bytes(),
+                headers: r.try_get(6).map_err(db)?,
                 retry_count: u32::try_from(retry_count.max(0)).unwrap_or(u32::MAX),
             });
         }

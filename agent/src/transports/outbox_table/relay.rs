@@ -42,6 +42,8 @@ pub(crate) struct Row {
     pub aggregate_id: Option<String>,
     pub event: Option<String>,
     pub payload: Vec<u8>,
+    /// The `headers` column as text, if mapped and not null.
+    pub headers: Option<String>,
     /// Failed deliveries so far (a null column counts as 0).
     pub retry_count: u32,
 }
@@ -314,14 +316,18 @@ async fn flush<D: Dialect>(
 fn hand_out(s: &TableSettings, link: &Link, state: &mut State, row: Row) -> bool {
     let id = row.id.clone();
     state.in_flight.insert(id.clone(), row.retry_count);
-    let defect = (row.retry_count >= s.max_retries).then_some(Defect::RetriesExhausted {
-        retries: row.retry_count,
-        limit: s.max_retries,
+    let retry_count = row.retry_count;
+    let (envelope, invalid_headers) = envelope_of(s, row);
+    // A malformed headers value stays malformed: to the DLQ at once, not through the retries.
+    let defect = invalid_headers.map(Defect::InvalidHeaders).or_else(|| {
+        (retry_count >= s.max_retries).then_some(Defect::RetriesExhausted {
+            retries: retry_count,
+            limit: s.max_retries,
+        })
     });
     let outcomes = state.outcomes_tx.clone();
-    let retry_count = row.retry_count;
     let delivery = Delivery {
-        envelope: envelope_of(s, row),
+        envelope,
         defect,
         redelivered: retry_count > 0,
         source_retries: true,
@@ -341,7 +347,9 @@ fn hand_out(s: &TableSettings, link: &Link, state: &mut State, row: Row) -> bool
     }
 }
 
-fn envelope_of(s: &TableSettings, row: Row) -> Envelope {
+/// The row's message, and what is wrong with its `headers` value if it is not a JSON object of
+/// strings (the message then carries the other headers).
+fn envelope_of(s: &TableSettings, row: Row) -> (Envelope, Option<String>) {
     let mut headers = Vec::with_capacity(3);
     for (key, value) in [
         ("aggregate_type", row.aggregate_type),
@@ -357,8 +365,36 @@ fn envelope_of(s: &TableSettings, row: Row) -> Envelope {
         Bytes::from(row.payload),
         Source::new(s.transport(), &s.name, &s.table, SystemTime::now()),
     );
+    let invalid = match row.headers.as_deref().map(parse_headers) {
+        Some(Ok(more)) => {
+            headers.extend(more);
+            None
+        }
+        Some(Err(e)) => Some(e),
+        None => None,
+    };
     envelope.headers = headers;
-    envelope
+    (envelope, invalid)
+}
+
+/// A `headers` value: a JSON object whose values are strings, sorted by key (an object has no
+/// order). Keys starting with `ferry-` are dropped (Ferry's own, as from other sources).
+fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("not JSON ({e})"))?;
+    let serde_json::Value::Object(object) = value else {
+        return Err(format!("not a JSON object: {text:.80}"));
+    };
+    let mut headers = Vec::with_capacity(object.len());
+    for (key, value) in object {
+        let serde_json::Value::String(value) = value else {
+            return Err(format!("the value of {key:?} is not a string"));
+        };
+        if !key.to_ascii_lowercase().starts_with("ferry-") {
+            headers.push((key, value));
+        }
+    }
+    Ok(headers)
 }
 
 #[cfg(test)]
@@ -429,6 +465,7 @@ mod tests {
             aggregate_id: Some("a1".into()),
             event: None,
             payload: b"{}".to_vec(),
+            headers: None,
             retry_count,
         }
     }
@@ -508,5 +545,50 @@ mod tests {
             ]
         );
         assert_eq!(state.in_flight.len(), 2);
+    }
+
+    /// A `headers` object becomes headers after the table's own (sorted, `ferry-*` dropped);
+    /// a value that is not an object of strings sends the row to the DLQ at once, with the
+    /// other headers kept, even when it still has retries left.
+    #[tokio::test]
+    async fn a_headers_column_becomes_headers_and_a_malformed_one_a_permanent_defect() {
+        let s = settings();
+        let (deliveries, mut receiver) = mpsc::channel(10);
+        let link = Link {
+            deliveries,
+            connected: watch::channel(true).0,
+            reconnects: Arc::new(AtomicU64::new(0)),
+            shutdown: CancellationToken::new(),
+        };
+        let mut state = state();
+        let with = |id: &str, headers: &str| Row {
+            headers: Some(headers.into()),
+            ..row(id, 0)
+        };
+        let good = r#"{"tenant": "t1", "ferry-message-id": "forged", "site": "s9"}"#;
+        assert!(hand_out(&s, &link, &mut state, with("1", good)));
+        for (id, bad) in [("2", "[1]"), ("3", r#"{"n": 1}"#), ("4", "{oops")] {
+            assert!(hand_out(&s, &link, &mut state, with(id, bad)));
+        }
+        let first = receiver.recv().await.expect("delivery");
+        assert!(first.defect.is_none());
+        assert_eq!(
+            first.envelope.headers,
+            [
+                ("aggregate_type", "orders"),
+                ("aggregate_id", "a1"),
+                ("site", "s9"),
+                ("tenant", "t1")
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        for expected in ["not a JSON object", "\"n\" is not a string", "not JSON"] {
+            let d = receiver.recv().await.expect("delivery");
+            match &d.defect {
+                Some(Defect::InvalidHeaders(why)) => assert!(why.contains(expected), "{why}"),
+                other => panic!("expected invalid headers, got {other:?}"),
+            }
+            assert_eq!(d.envelope.header("aggregate_id"), Some("a1"));
+        }
     }
 }
