@@ -1199,3 +1199,76 @@ async fn mariadb_uuid_ids_and_a_status_column_in_created_at_order_per_aggregate(
     stream.delete().await?;
     Ok(())
 }
+
+/// A `headers` column (jsonb) becomes message headers: each row arrives at RabbitMQ with its
+/// own `tenant` header beside the table's, and the one row whose value is not an object of
+/// strings is dead-lettered at once (no retries) and marked sent, while the rest go.
+#[tokio::test]
+async fn postgres_headers_column_becomes_amqp_headers_and_a_malformed_one_is_dead_lettered()
+-> anyhow::Result<()> {
+    const N: i64 = 40;
+    const BAD: i64 = 17;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(OUTBOX_DDL).await?;
+    app.batch_execute("ALTER TABLE outbox ADD COLUMN headers jsonb")
+        .await?;
+    app.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event, payload, headers)
+         SELECT 'orders', 'a' || (i % 4), 'created', to_json(i),
+                CASE WHEN i = $2 THEN '{\"tenant\": 7}'::jsonb
+                     ELSE jsonb_build_object('tenant', 't' || i) END
+         FROM generate_series(0, $1::bigint - 1) AS i",
+        &[&N, &BAD],
+    )
+    .await?;
+    let queue = TestQueue::declare("ferry-e2e-headers").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some(TableSource {
+            receiver_extra: "    columns:\n      headers: headers\n".into(),
+            ..TableSource::postgres(&db)
+        }),
+        direct_hold: true,
+        transport: "rabbitmq",
+        url: ferry_tests::rabbitmq::url(),
+        bindings: vec![("q".into(), format!("/{}", queue.name))],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    let n = u64::try_from(N)?;
+    let counts = finished(&agent, &relay, n).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (n - 1, 1));
+    let got = queue
+        .wait_until(DELIVERY, "every good row in the queue", |r| {
+            r.len() >= N as usize - 1
+        })
+        .await?;
+    for m in &got {
+        let seq = parse_seq(&m.payload).unwrap_or(u64::MAX);
+        assert_eq!(
+            m.headers.get("tenant").map(String::as_str),
+            Some(format!("t{seq}").as_str()),
+            "{m:?}"
+        );
+        assert_eq!(m.headers.get("event").map(String::as_str), Some("created"));
+    }
+    let bad = u64::try_from(BAD)?;
+    assert_eq!(
+        seqs(got.iter().map(|m| m.payload.as_slice())),
+        (0..n).filter(|i| *i != bad).collect()
+    );
+    all_rows_sent(&app).await?;
+    let retries: i32 = app
+        .query_one(
+            "SELECT COALESCE(retry_count, 0) FROM outbox WHERE id = $1",
+            &[&(BAD + 1)],
+        )
+        .await?
+        .get(0);
+    assert_eq!(retries, 0, "dead-lettered without retries");
+    queue.delete().await;
+    Ok(())
+}
