@@ -103,6 +103,7 @@ pub(super) fn outbox_table(
         url: p.url,
         username: p.username,
         password: p.password,
+        ca_file: p.ca_file.map(PathBuf::from),
         table,
         columns,
         poll_interval: get(receiver.poll_interval, Duration::from_secs(1)),

@@ -282,6 +282,8 @@ pub struct TableSession {
     pub username: Option<String>,
     /// Password.
     pub password: Option<Secret>,
+    /// CA file for TLS.
+    pub ca_file: Option<String>,
 }
 
 impl Session {
@@ -297,6 +299,7 @@ impl Session {
             url: s.url.clone()?,
             username: s.username.clone(),
             password: s.password.clone(),
+            ca_file: s.ca_file.clone(),
         })
     }
 

@@ -71,6 +71,7 @@ mod mysql;
 mod postgres;
 mod relay;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -107,6 +108,8 @@ pub struct TableSettings {
     pub username: Option<String>,
     /// Password.
     pub password: Option<Secret>,
+    /// PEM CA certificates to trust for TLS instead of the default roots.
+    pub ca_file: Option<PathBuf>,
     /// The table (`name` or `schema.name`, validated as plain identifiers).
     pub table: String,
     /// The column names (validated as plain identifiers).
@@ -373,6 +376,7 @@ impl TableSettings {
             url: "postgres://h/db".into(),
             username: None,
             password: None,
+            ca_file: None,
             table: "outbox".into(),
             columns: Columns::default(),
             poll_interval: Duration::from_secs(1),

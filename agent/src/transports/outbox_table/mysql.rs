@@ -1,5 +1,6 @@
 //! The MySQL / MariaDB dialect (MySQL 8, MariaDB 10.6+: both have `SKIP LOCKED`), on one
-//! `mysql_async` connection (rustls with ring; TLS with `?require_ssl=true`, ADR 0015).
+//! `mysql_async` connection (rustls with ring; TLS with `?require_ssl=true`, trusting
+//! `ca_file` when set, ADR 0015).
 //!
 //! Statements go as text: the only values in them are row ids, counts and durations written
 //! by Rust, the validated table and column names and status values, so there is no prepared
@@ -121,9 +122,20 @@ async fn columns_of(conn: &mut Conn, table: &str) -> Result<Vec<(String, String)
 impl Dialect for Mysql {
     async fn connect(s: &TableSettings) -> Result<Self, DbError> {
         let opts = Opts::from_url(&s.url).map_err(|e| DbError(format!("mysql url: {e}")))?;
+        // `?require_ssl=true` made the TLS options; a `ca_file` is then the only root trusted
+        // (the validator refuses it without TLS).
+        let ssl = match (opts.ssl_opts(), &s.ca_file) {
+            (Some(ssl), Some(ca_file)) => Some(
+                ssl.clone()
+                    .with_root_certs(vec![ca_file.clone().into()])
+                    .with_disable_built_in_roots(true),
+            ),
+            (ssl, _) => ssl.cloned(),
+        };
         let opts = OptsBuilder::from_opts(opts)
             .user(Some(s.username.as_deref().unwrap_or(DEFAULT_USER)))
-            .pass(s.password.as_ref().map(|p| p.expose().to_owned()));
+            .pass(s.password.as_ref().map(|p| p.expose().to_owned()))
+            .ssl_opts(ssl);
         let mut conn = Conn::new(opts).await.map_err(db)?;
         let found = columns_of(&mut conn, &s.table).await?;
         let id_type = s.columns.check(&s.table, &found)?;

@@ -1,5 +1,5 @@
 //! The PostgreSQL dialect: one connection through `ferry_shared::postgres::connect` (TLS with
-//! `sslmode=require`, as the postgres stores), optional `LISTEN`, the statements of
+//! `sslmode=require`, as the postgres stores, trusting `ca_file` when set), optional `LISTEN`, the statements of
 //! [`Dialect`] with `$n` parameters, `now()` and `make_interval`.
 //!
 //! At connect the table's columns are read from the catalog: a missing one is an error that
@@ -165,9 +165,10 @@ impl Dialect for Postgres {
         if let Some(password) = &s.password {
             config.password(password.expose());
         }
-        let (client, notifications) = ferry_shared::postgres::connect(&config)
-            .await
-            .map_err(|e| DbError(e.to_string()))?;
+        let (client, notifications) =
+            ferry_shared::postgres::connect(&config, s.ca_file.as_deref())
+                .await
+                .map_err(|e| DbError(e.to_string()))?;
         let notifications = match &s.notify_channel {
             Some(channel) => {
                 // A validated identifier.

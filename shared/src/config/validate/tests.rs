@@ -1593,6 +1593,43 @@ fn a_status_column_replaces_sent_at() {
 }
 
 #[test]
+fn an_outbox_table_ca_file_needs_tls() {
+    for (transport, plain, tls, fix) in [
+        (
+            "postgres_table",
+            "postgres://db:5432/app",
+            "postgres://db:5432/app?sslmode=require",
+            "?sslmode=require",
+        ),
+        (
+            "mysql_table",
+            "mysql://db:3306/app",
+            "mysql://db:3306/app?require_ssl=true",
+            "?require_ssl=true",
+        ),
+    ] {
+        let session = |url: &str| -> Session {
+            yaml(&format!(
+                "id: db\ntransport: {transport}\noptions:\n  session:\n    url: {url}\n    ca_file: /etc/ferry/db-ca.pem\n"
+            ))
+        };
+        let errs = errors(|c| c.sessions.push(session(plain)));
+        assert_only(
+            &errs,
+            "sessions[1].options.session.ca_file",
+            &format!("ca_file needs {fix}"),
+        );
+        let mut c = base();
+        c.sessions.push(session(tls));
+        let errs = validate(&c).err().unwrap_or_default();
+        assert!(
+            errs.iter().all(|e| !e.path.starts_with("sessions[1]")),
+            "{errs:?}"
+        );
+    }
+}
+
+#[test]
 fn an_outbox_table_session_is_received_from_only() {
     let errs = errors(|c| {
         c.sessions.push(table_session());

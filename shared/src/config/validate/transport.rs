@@ -35,7 +35,13 @@ const BROKERS: &[Transport] = &[
     Transport::PostgresTable,
     Transport::MysqlTable,
 ];
-const BROKERS_TLS: &[Transport] = &[Transport::Mqtt, Transport::Rabbitmq, Transport::Nats];
+const BROKERS_TLS: &[Transport] = &[
+    Transport::Mqtt,
+    Transport::Rabbitmq,
+    Transport::Nats,
+    Transport::PostgresTable,
+    Transport::MysqlTable,
+];
 const MUTUAL_TLS: &[Transport] = &[Transport::Mqtt, Transport::Nats];
 const URL: &[Transport] = &[
     Transport::Rabbitmq,
@@ -399,7 +405,11 @@ impl Validator<'_> {
             Ok(parsed) if parsed.path.trim_start_matches('/').is_empty() => {
                 self.error(path, format!("\"{u}\" names no database ({shape})"));
             }
-            Ok(_) if !tls => self.plaintext(base, s, &format!("?{tls_key}={tls_on}")),
+            Ok(_) if !tls => {
+                let tls_url = format!("?{tls_key}={tls_on}");
+                self.plaintext(base, s, &tls_url);
+                self.tls_files_need_tls(base, s, &tls_url);
+            }
             Ok(_) => {}
         }
         self.not_masked(base, "password", s.password.as_ref());
