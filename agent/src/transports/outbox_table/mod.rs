@@ -17,55 +17,58 @@
 //! # Invariants
 //!
 //! - **A claim is a lease written into the row.** In one short transaction the relay locks the
-//!   claimable rows with `SELECT … FOR UPDATE SKIP LOCKED` and pushes their `retry_at` to
-//!   `now + claim_ttl` (database clock), then commits. A row is claimable when it is *unsent*
-//!   (`sent_at` null, or `status` = `pending_status`) and `retry_at` is null or past, so another agent skips it both while it is locked and while
-//!   its lease runs. While the row is in flight the lease is extended every third of
-//!   `claim_ttl`; if the agent dies the extensions stop and the row is claimable again after at
-//!   most `claim_ttl` (at least once). Nothing depends on "ids above the last one seen"
-//!   (sequence ids commit out of order, which would skip rows forever). Why not hold the row
-//!   locks for the whole delivery (the first version did): a transaction can only commit when
-//!   every row it locked is settled, so one slow row (a long retry) held back the `sent_at` of
+//!   claimable rows with `SELECT … FOR UPDATE SKIP LOCKED` and pushes their `retry_at` to `now +
+//!   claim_ttl` (database clock), then commits. A row is claimable when it is *unsent* (`sent_at`
+//!   null, or `status` = `pending_status`) and `retry_at` is null or past, so another agent skips
+//!   it both while it is locked and while its lease runs. While the row is in flight the lease is
+//!   extended every third of `claim_ttl`; if the agent dies the extensions stop and the row is
+//!   claimable again after at most `claim_ttl` (at least once). Nothing depends on "ids above the
+//!   last one seen" (sequence ids commit out of order, which would skip rows forever). Why not hold
+//!   the row locks for the whole delivery (the first version did): a transaction can only commit
+//!   when every row it locked is settled, so one slow row (a long retry) held back the `sent_at` of
 //!   its whole batch and, with it, every other aggregate.
 //! - **Per-aggregate order: only head rows are claimed.** A row is claimable only if no row with
-//!   the same `aggregate_id` earlier in the claim order (id, or `(created_at, id)` with
-//!   `order_by: created_at`) is still unsent (a non-locking read of each
-//!   aggregate's first unsent row just before the claim transaction; the locking read then
-//!   re-checks that each row is still unsent and due). So at most one row per aggregate is in
-//!   flight anywhere, the next one becomes claimable only after the previous one was marked
-//!   sent (or dead-lettered), and a row that failed and waits for its `retry_at` holds back its
-//!   aggregate, and only its aggregate. A second agent that finds the head locked or leased by
-//!   the first skips the whole aggregate (its later rows are not heads). The price: one
-//!   aggregate moves one row per round trip (send + mark); many aggregates move in parallel up
-//!   to `batch_size`. Rows whose `aggregate_id` is null or empty (or a table without that
-//!   column) have no order and are all claimable at once. (The alternative, claiming several
-//!   rows of an aggregate and stopping at the first failure inside a batch, cannot keep order
-//!   through the route's concurrent sends: a retried row would be overtaken by the next one.) Order holds for rows an application
-//!   commits in claim order per aggregate, which it does when it serializes writes to one
-//!   aggregate (it locks the aggregate's business row).
+//!   the same `aggregate_id` earlier in the claim order (id, or `(created_at, id)` with `order_by:
+//!   created_at`) is still unsent (a non-locking read of each aggregate's first unsent row just
+//!   before the claim transaction; the locking read then re-checks that each row is still unsent
+//!   and due). So at most one row per aggregate is in flight anywhere, the next one becomes
+//!   claimable only after the previous one was marked sent (or dead-lettered), and a row that
+//!   failed and waits for its `retry_at` holds back its aggregate, and only its aggregate. A second
+//!   agent that finds the head locked or leased by the first skips the whole aggregate (its later
+//!   rows are not heads). The price: one aggregate moves one row per round trip (send + mark); many
+//!   aggregates move in parallel up to `batch_size`. Rows whose `aggregate_id` is null or empty (or
+//!   a table without that column) have no order and are all claimable at once. (The alternative,
+//!   claiming several rows of an aggregate and stopping at the first failure inside a batch, cannot
+//!   keep order through the route's concurrent sends: a retried row would be overtaken by the next
+//!   one.) Order holds for rows an application commits in claim order per aggregate, which it does
+//!   when it serializes writes to one aggregate (it locks the aggregate's business row).
 //! - **Settle.** A delivery settled with an acknowledging outcome (sent, persisted in Ferry's
-//!   outbox, dead-lettered, filtered …) gets `sent_at = now()` or `status = sent_status` (or
-//!   is deleted, `on_sent: delete`). [`Outcome::Failed`] (a transient failure the route gave up on, see
-//!   [`Delivery::source_retries`]) and the other unacknowledged outcomes except shutdown count a
-//!   retry: `retry_count + 1` and `retry_at = now + retry_backoff × 2^(retry_count)`, capped at
-//!   `retry_backoff_max`. Shutdown releases the lease (`retry_at = null`) without counting.
-//!   Settles that cannot be written (connection lost) are kept and written after reconnecting.
-//! - **Retries end in the DLQ.** A row claimed with `retry_count >= max_retries` is delivered
-//!   with [`Defect::RetriesExhausted`]: the route dead-letters it (or drops it, per
+//!   outbox, dead-lettered, filtered …) gets `sent_at = now()` or `status = sent_status` (or is
+//!   deleted, `on_sent: delete`). [`Outcome::Failed`] (a transient failure the route gave up on,
+//!   see [`Delivery::source_retries`]) and the other unacknowledged outcomes except shutdown count
+//!   a retry: `retry_count + 1` and `retry_at = now + retry_backoff × 2^(retry_count)`, capped at
+//!   `retry_backoff_max`. Shutdown releases the lease (`retry_at = null`) without counting. Settles
+//!   that cannot be written (connection lost) are kept and written after reconnecting.
+//! - **Retries end in the DLQ.** A row claimed with `retry_count >= max_retries` is delivered with
+//!   [`Defect::RetriesExhausted`]: the route dead-letters it (or drops it, per
 //!   `on_permanent_failure`) and the row is marked sent, so it stops blocking its aggregate. A
 //!   permanent error (e.g. an address template naming a missing header) is dead-lettered by the
 //!   route at once.
 //! - **Back-pressure:** at most `batch_size` rows are in flight; the delivery channel has that
 //!   capacity, so handing out a claimed row never waits.
-//! - **Purge:** with `retention`, rows sent longer ago are deleted in slices, periodically
-//!   (only with `sent_at`: a status holds no time, and the validator refuses `retention` then).
+//! - **Purge:** with `retention`, rows sent longer ago are deleted in slices, periodically (only
+//!   with `sent_at`: a status holds no time, and the validator refuses `retention` then).
 //! - Each message's id is `TABLE:ID`, stable across claims, so a consumer (or JetStream's
 //!   `Nats-Msg-Id`) can drop the copy a re-claim after a crash produces; `aggregate_type`,
-//!   `aggregate_id` and `event` become headers (`orders.{header:aggregate_id}`).
+//!   `aggregate_id` and `event` become headers (`orders.{header:aggregate_id}`), then those of
+//!   the `headers` column if mapped. A `headers` value that is not a JSON object of strings is
+//!   delivered with [`Defect::InvalidHeaders`]: the same on every claim, so dead-lettered at once
+//!   rather than retried.
 //!
 //! [`Outcome::Failed`]: crate::transports::Outcome::Failed
 //! [`Delivery::source_retries`]: crate::transports::Delivery::source_retries
 //! [`Defect::RetriesExhausted`]: crate::transports::Defect::RetriesExhausted
+//! [`Defect::InvalidHeaders`]: crate::transports::Defect::InvalidHeaders
 
 mod mysql;
 mod postgres;

@@ -1,6 +1,6 @@
 //! The PostgreSQL dialect: one connection through `ferry_shared::postgres::connect` (TLS with
-//! `sslmode=require`, as the postgres stores, trusting `ca_file` when set), optional `LISTEN`, the statements of
-//! [`Dialect`] with `$n` parameters, `now()` and `make_interval`.
+//! `sslmode=require`, as the postgres stores, trusting `ca_file` when set), optional `LISTEN`,
+//! the statements of [`Dialect`] with `$n` parameters, `now()` and `make_interval`.
 //!
 //! At connect the table's columns are read from the catalog: a missing one is an error that
 //! names the table and the column, and the id column's type is kept. Ids are read as text and
