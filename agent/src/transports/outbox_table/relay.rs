@@ -155,7 +155,7 @@ pub(super) async fn run<D: Dialect>(s: TableSettings, link: Link) {
                 }
             }
             Err(error) if !down => {
-                tracing::warn!(%session, %error, "cannot reach the {transport} database; retrying with backoff");
+                tracing::warn!(%session, %error, "cannot relay the {transport} table (database unreachable, or the table not as configured); retrying with backoff");
                 down = true;
             }
             Err(error) => {
