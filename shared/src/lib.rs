@@ -39,3 +39,4 @@ pub mod listener;
 pub mod os;
 pub mod postgres;
 pub mod telemetry;
+pub mod tls;

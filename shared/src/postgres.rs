@@ -22,6 +22,7 @@
 //!    whose recorded version is newer than the steps known is refused and
 //!    left as it is.
 
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,7 +114,7 @@ pub fn pool(url: &str, options: &PoolOptions) -> Result<Pool, PostgresError> {
         recycling_method: RecyclingMethod::Fast,
     };
     let manager = if config.get_ssl_mode() == SslMode::Require {
-        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config()?);
+        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(None)?);
         Manager::from_config(config, tls, manager_config)
     } else {
         Manager::from_config(config, NoTls, manager_config)
@@ -128,19 +129,10 @@ pub fn pool(url: &str, options: &PoolOptions) -> Result<Pool, PostgresError> {
         .map_err(|e| invalid(&e))
 }
 
-/// rustls with the ring provider and the system's trust store.
-fn tls_config() -> Result<rustls::ClientConfig, PostgresError> {
-    let mut roots = rustls::RootCertStore::empty();
-    let native = rustls_native_certs::load_native_certs();
-    for error in &native.errors {
-        tracing::warn!(%error, "skipping part of the system trust store");
-    }
-    roots.add_parsable_certificates(native.certs);
-    if roots.is_empty() {
-        return Err(PostgresError::Invalid(
-            "sslmode=require: the system trust store has no certificates".into(),
-        ));
-    }
+/// rustls with the ring provider, trusting `ca_file` or the system's trust store.
+fn tls_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, PostgresError> {
+    let roots = crate::tls::roots(ca_file)
+        .map_err(|e| PostgresError::Invalid(format!("sslmode=require: {e}")))?;
     Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -156,12 +148,14 @@ pub type Notifications = mpsc::UnboundedReceiver<Notification>;
 
 /// One connection (not pooled) as `config` describes, with rustls when its
 /// `sslmode` is `require` (as [`pool`]). A spawned task drives the connection
-/// and forwards its notifications.
+/// and forwards its notifications. TLS trusts `ca_file` when given, the system's store
+/// otherwise.
 pub async fn connect(
     config: &tokio_postgres::Config,
+    ca_file: Option<&Path>,
 ) -> Result<(Client, Notifications), PostgresError> {
     if config.get_ssl_mode() == SslMode::Require {
-        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config()?);
+        let tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls_config(ca_file)?);
         let (client, connection) = config.connect(tls).await?;
         Ok((client, drive(connection)))
     } else {

@@ -962,3 +962,313 @@ async fn postgres_outbox_table_to_rabbitmq_in_order_per_aggregate() -> anyhow::R
     queue.delete().await;
     Ok(())
 }
+
+/// Seed 002's table as it is written: a uuid id the application chooses, the event as jsonb,
+/// a status and its partial index; no retry columns yet.
+const SEED_002_DDL: &str = "CREATE TABLE users (id uuid PRIMARY KEY, name text NOT NULL);
+     CREATE TABLE outbox_events (
+         id uuid PRIMARY KEY,
+         event jsonb NOT NULL,
+         status text NOT NULL DEFAULT 'pending',
+         created_at timestamptz NOT NULL DEFAULT now());
+     CREATE INDEX idx_outbox_status_created ON outbox_events (status, created_at)
+         WHERE status = 'pending'";
+
+/// The one-line migration docs/configuration.md gives for seed 002's table.
+const SEED_002_MIGRATION: &str = "ALTER TABLE outbox_events \
+     ADD COLUMN retry_count integer NOT NULL DEFAULT 0, ADD COLUMN retry_at timestamptz";
+
+/// Seed 002's set-up end to end: the agent starts on the table as written and says which
+/// column is missing (the table and the column by name); the application writes users, each
+/// with its `outbox_events` row (a random UUID) in the same transaction; after the documented
+/// migration the agent relays them to RabbitMQ with `columns.status` and `order_by:
+/// created_at`: every event arrives once as written, with `message_id` = `outbox_events:UUID`,
+/// in `created_at` order (one row in flight, random UUIDs: id order would differ), and every
+/// row ends `processed`.
+#[tokio::test]
+async fn seed_002_outbox_events_with_uuid_ids_and_a_status_column_to_rabbitmq() -> anyhow::Result<()>
+{
+    const N: i64 = 500;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(SEED_002_DDL).await?;
+    let queue = TestQueue::declare("ferry-e2e-seed002").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some(TableSource {
+            receiver_extra: "    batch_size: 1\n    order_by: created_at\n    columns:\n      payload: event\n      event: null\n      aggregate_type: null\n      aggregate_id: null\n      status: status\n".into(),
+            url: format!("postgres://127.0.0.1:5432/{}", db.name()),
+            ..TableSource::postgres_named("outbox_events")
+        }),
+        direct_hold: true,
+        transport: "rabbitmq",
+        url: ferry_tests::rabbitmq::url(),
+        bindings: vec![("q".into(), format!("/{}", queue.name))],
+        dir: dir.path().to_owned(),
+    };
+    let mut agent = Agent::start(&relay.dir, &relay.yaml())?;
+    let missing = "table outbox_events has no column retry_count (columns.retry_count)";
+    wait::until(DELIVERY, "the missing column named in the log", || {
+        std::future::ready(agent.output().contains(missing))
+    })
+    .await?;
+    for i in 0..N {
+        app.batch_execute(&format!(
+            "BEGIN;
+             INSERT INTO users VALUES (gen_random_uuid(), 'user {i}');
+             INSERT INTO outbox_events (id, event, status)
+                 VALUES (gen_random_uuid(), '{{\"type\": \"user.created\", \"seq\": {i}}}', 'pending');
+             COMMIT"
+        ))
+        .await?;
+    }
+    app.batch_execute(SEED_002_MIGRATION).await?;
+    agent.wait_ready(DELIVERY).await?;
+    let n = u64::try_from(N)?;
+    let counts = finished(&agent, &relay, n).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (n, 0));
+    let got = queue
+        .wait_until(DELIVERY, "every event in the queue", |r| {
+            r.len() >= N as usize
+        })
+        .await?;
+    let written: Vec<(String, String)> = app
+        .query(
+            "SELECT 'outbox_events:' || id::text, event::text FROM outbox_events \
+             ORDER BY created_at, id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let arrived: Vec<(String, String)> = got
+        .iter()
+        .map(|m| {
+            (
+                m.message_id.clone().unwrap_or_default(),
+                String::from_utf8_lossy(&m.payload).into_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        arrived, written,
+        "each event once, as written, in created_at order"
+    );
+    let by_id: Vec<&String> = written.iter().map(|(id, _)| id).collect();
+    let mut sorted = by_id.clone();
+    sorted.sort();
+    assert_ne!(
+        by_id, sorted,
+        "random UUIDs: id order is not created_at order"
+    );
+    wait::until(DELIVERY, "every row processed", || async {
+        app.query_one(
+            "SELECT count(*) FROM outbox_events WHERE status <> 'processed'",
+            &[],
+        )
+        .await
+        .is_ok_and(|row| row.get::<_, i64>(0) == 0)
+    })
+    .await?;
+    queue.delete().await;
+    Ok(())
+}
+
+/// A UUID-shaped id for `seq` whose text order is unrelated to `seq` (an application's random
+/// UUIDs, reproducibly).
+fn scattered_uuid(seq: u64) -> String {
+    let h = format!(
+        "{:016x}{:016x}",
+        seq.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        seq
+    );
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// MariaDB with ids the application chooses: `CHAR(36)` UUIDs (not in insert order), a status
+/// column and `order_by: created_at`; the agent relays to JetStream on per-aggregate subjects:
+/// every row arrives once with `Nats-Msg-Id` = `outbox:UUID`, each aggregate in `created_at`
+/// order (with `order_by: id` it would not be), and every row ends `done`.
+#[tokio::test]
+async fn mariadb_uuid_ids_and_a_status_column_in_created_at_order_per_aggregate()
+-> anyhow::Result<()> {
+    const WRITERS: u64 = 3;
+    const PER_WRITER: u64 = 150;
+    let db = TestMysql::create().await?;
+    let mut app = db.connect().await?;
+    app.query_drop(
+        "CREATE TABLE outbox (
+             id CHAR(36) PRIMARY KEY,
+             aggregate_id VARCHAR(255) NOT NULL,
+             payload JSON NOT NULL,
+             status VARCHAR(16) NOT NULL DEFAULT 'new',
+             created_at DATETIME(6) NOT NULL DEFAULT NOW(6),
+             retry_at DATETIME(6) NULL,
+             retry_count INT NOT NULL DEFAULT 0,
+             KEY outbox_pending (status, created_at))",
+    )
+    .await?;
+    let stream = TestStream::create("ferry_e2e_mysql_uuid").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some(TableSource {
+            receiver_extra: "    order_by: created_at\n    pending_status: new\n    sent_status: done\n    columns:\n      aggregate_type: null\n      event: null\n      status: status\n".into(),
+            ..TableSource::mysql(&db)
+        }),
+        direct_hold: true,
+        transport: "nats",
+        url: ferry_tests::nats::url(),
+        bindings: vec![(
+            "js".into(),
+            format!("{}.{{header:aggregate_id}}", stream.subject),
+        )],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let mut conn = db.connect().await?;
+        writers.push(tokio::spawn(async move {
+            for i in 0..PER_WRITER {
+                let seq = w * PER_WRITER + i;
+                conn.query_drop(format!(
+                    "INSERT INTO outbox (id, aggregate_id, payload) VALUES ('{}', 'w{w}-{}', '{seq}')",
+                    scattered_uuid(seq),
+                    i % 3,
+                ))
+                .await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for writer in writers {
+        writer.await??;
+    }
+    let total = WRITERS * PER_WRITER;
+    let counts = finished(&agent, &relay, total).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (total, 0));
+    let stored = stream.wait_for(usize::try_from(total)?, DELIVERY).await?;
+    assert_eq!(
+        stored.len(),
+        usize::try_from(total)?,
+        "each row stored once"
+    );
+    assert_ordered(&per_subject(&stored));
+    let ids: Vec<(String, String)> = app
+        .query("SELECT CONCAT('outbox:', id), CAST(payload AS CHAR) FROM outbox")
+        .await?;
+    let written: BTreeSet<(String, String)> = ids.into_iter().collect();
+    let arrived: BTreeSet<(String, String)> = stored
+        .iter()
+        .map(|m| {
+            (
+                m.header("Nats-Msg-Id").unwrap_or_default().to_owned(),
+                String::from_utf8_lossy(&m.payload).into_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(arrived, written, "each row under its UUID");
+    let by_created: Vec<String> = app
+        .query("SELECT id FROM outbox ORDER BY created_at, id")
+        .await?;
+    let mut by_id = by_created.clone();
+    by_id.sort();
+    assert_ne!(by_created, by_id, "id order is not created_at order");
+    wait::until(DELIVERY, "every row done", || async {
+        match db.connect().await {
+            Ok(mut c) => c
+                .query_first::<i64, _>("SELECT count(*) FROM outbox WHERE status <> 'done'")
+                .await
+                .is_ok_and(|n| n == Some(0)),
+            Err(_) => false,
+        }
+    })
+    .await?;
+    stream.delete().await?;
+    Ok(())
+}
+
+/// A `headers` column (jsonb) becomes message headers: each row arrives at RabbitMQ with its
+/// own `tenant` header beside the table's, and the one row whose value is not an object of
+/// strings is dead-lettered at once (no retries) and marked sent, while the rest go.
+#[tokio::test]
+async fn postgres_headers_column_becomes_amqp_headers_and_a_malformed_one_is_dead_lettered()
+-> anyhow::Result<()> {
+    const N: i64 = 40;
+    const BAD: i64 = 17;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(OUTBOX_DDL).await?;
+    app.batch_execute("ALTER TABLE outbox ADD COLUMN headers jsonb")
+        .await?;
+    app.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event, payload, headers)
+         SELECT 'orders', 'a' || (i % 4), 'created', to_json(i),
+                CASE WHEN i = $2 THEN '{\"tenant\": 7}'::jsonb
+                     ELSE jsonb_build_object('tenant', 't' || i) END
+         FROM generate_series(0, $1::bigint - 1) AS i",
+        &[&N, &BAD],
+    )
+    .await?;
+    let queue = TestQueue::declare("ferry-e2e-headers").await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some(TableSource {
+            receiver_extra: "    columns:\n      headers: headers\n".into(),
+            ..TableSource::postgres(&db)
+        }),
+        direct_hold: true,
+        transport: "rabbitmq",
+        url: ferry_tests::rabbitmq::url(),
+        bindings: vec![("q".into(), format!("/{}", queue.name))],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    let n = u64::try_from(N)?;
+    let counts = finished(&agent, &relay, n).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (n - 1, 1));
+    let got = queue
+        .wait_until(DELIVERY, "every good row in the queue", |r| {
+            r.len() >= N as usize - 1
+        })
+        .await?;
+    for m in &got {
+        let seq = parse_seq(&m.payload).unwrap_or(u64::MAX);
+        assert_eq!(
+            m.headers.get("tenant").map(String::as_str),
+            Some(format!("t{seq}").as_str()),
+            "{m:?}"
+        );
+        assert_eq!(m.headers.get("event").map(String::as_str), Some("created"));
+    }
+    let bad = u64::try_from(BAD)?;
+    assert_eq!(
+        seqs(got.iter().map(|m| m.payload.as_slice())),
+        (0..n).filter(|i| *i != bad).collect()
+    );
+    all_rows_sent(&app).await?;
+    let retries: i32 = app
+        .query_one(
+            "SELECT COALESCE(retry_count, 0) FROM outbox WHERE id = $1",
+            &[&(BAD + 1)],
+        )
+        .await?
+        .get(0);
+    assert_eq!(retries, 0, "dead-lettered without retries");
+    queue.delete().await;
+    Ok(())
+}

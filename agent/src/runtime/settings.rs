@@ -88,23 +88,12 @@ pub(super) fn outbox_table(
         Transport::MysqlTable => Database::Mysql,
         _ => Database::Postgres,
     };
-    let mut columns = Columns::default();
-    if let Some(names) = &receiver.columns {
-        for (slot, name) in [
-            (&mut columns.id, &names.id),
-            (&mut columns.aggregate_type, &names.aggregate_type),
-            (&mut columns.aggregate_id, &names.aggregate_id),
-            (&mut columns.event, &names.event),
-            (&mut columns.payload, &names.payload),
-            (&mut columns.sent_at, &names.sent_at),
-            (&mut columns.retry_count, &names.retry_count),
-            (&mut columns.retry_at, &names.retry_at),
-        ] {
-            if let Some(name) = name {
-                slot.clone_from(name);
-            }
-        }
-    }
+    let columns = Columns::new(
+        &receiver.columns.clone().unwrap_or_default(),
+        receiver.order_by.unwrap_or_default(),
+        receiver.pending_status.as_deref(),
+        receiver.sent_status.as_deref(),
+    );
     let get = |d: Option<ferry_shared::config::Duration>, default: Duration| {
         d.map_or(default, |d| d.get())
     };
@@ -114,6 +103,7 @@ pub(super) fn outbox_table(
         url: p.url,
         username: p.username,
         password: p.password,
+        ca_file: p.ca_file.map(PathBuf::from),
         table,
         columns,
         poll_interval: get(receiver.poll_interval, Duration::from_secs(1)),

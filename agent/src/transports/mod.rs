@@ -208,6 +208,10 @@ pub enum Defect {
         /// The most receives allowed.
         limit: u32,
     },
+    /// The source's headers cannot be read (an outbox table's `headers` column is not a JSON
+    /// object of strings): the same on every retry, so dead-lettered at once.
+    #[error("invalid headers: {0}")]
+    InvalidHeaders(String),
     /// The source retried it as often as it allows (an outbox table's `retry_count` reached
     /// `max_retries`): dead-lettered by Ferry so it stops holding back what follows it.
     #[error("failed {retries} times, the limit is {limit}")]
@@ -230,7 +234,9 @@ impl Defect {
             Defect::TooManyReceives { .. } | Defect::RetriesExhausted { .. } => {
                 crate::stores::DlqReason::ReplayExhausted
             }
-            Defect::InvalidTopic(_) => crate::stores::DlqReason::PermanentError,
+            Defect::InvalidTopic(_) | Defect::InvalidHeaders(_) => {
+                crate::stores::DlqReason::PermanentError
+            }
         }
     }
 }

@@ -42,8 +42,9 @@ pub use route::{
 pub use secret::{MASK, Secret};
 pub use store::{DlqStoreConfig, LeaseStoreConfig, OutboxStoreConfig, Stores};
 pub use transport::{
-    Binding, GroupId, MqttSession, OnSent, ProtocolVersion, Receiver, Sender, Session, SqsSession,
-    TableColumns, TableSession, Transport,
+    Binding, DEFAULT_PENDING_STATUS, DEFAULT_SENT_STATUS, GroupId, MqttSession, OnSent, OrderBy,
+    ProtocolVersion, Receiver, Sender, Session, SqsSession, StateColumn, TableColumns,
+    TableSession, Transport,
 };
 pub use valid::ValidConfig;
 pub use validate::{ConfigError, validate};

@@ -282,6 +282,8 @@ pub struct TableSession {
     pub username: Option<String>,
     /// Password.
     pub password: Option<Secret>,
+    /// CA file for TLS.
+    pub ca_file: Option<String>,
 }
 
 impl Session {
@@ -297,6 +299,7 @@ impl Session {
             url: s.url.clone()?,
             username: s.username.clone(),
             password: s.password.clone(),
+            ca_file: s.ca_file.clone(),
         })
     }
 
@@ -437,11 +440,24 @@ pub struct Receiver {
     /// optional trigger in docs/configuration.md sends it). Default: poll only.
     #[serde(default)]
     pub notify_channel: Option<String>,
+    /// postgres_table, mysql_table: `id` (default: rows go out in id order, for sequence ids)
+    /// or `created_at` (in `(created_at, id)` order, for ids the application chooses, such as
+    /// UUIDs); per aggregate, the same order decides which row is next.
+    #[serde(default)]
+    pub order_by: Option<OrderBy>,
+    /// postgres_table, mysql_table, with `columns.status`: the value of a row still to relay.
+    /// Default `pending`.
+    #[serde(default)]
+    pub pending_status: Option<String>,
+    /// postgres_table, mysql_table, with `columns.status`: the value written once a row is
+    /// relayed. Default `processed`.
+    #[serde(default)]
+    pub sent_status: Option<String>,
 }
 
 impl Receiver {
     /// `(key, set)` of the outbox-table receivers' keys, which no other receiver takes.
-    pub fn table_keys(&self) -> [(&'static str, bool); 11] {
+    pub fn table_keys(&self) -> [(&'static str, bool); 14] {
         [
             ("table", self.table.is_some()),
             ("poll_interval", self.poll_interval.is_some()),
@@ -454,6 +470,9 @@ impl Receiver {
             ("on_sent", self.on_sent.is_some()),
             ("retention", self.retention.is_some()),
             ("notify_channel", self.notify_channel.is_some()),
+            ("order_by", self.order_by.is_some()),
+            ("pending_status", self.pending_status.is_some()),
+            ("sent_status", self.sent_status.is_some()),
         ]
     }
 }
@@ -462,57 +481,190 @@ impl Receiver {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnSent {
-    /// Set `sent_at` (purged later per `retention`).
+    /// Set `sent_at` (purged later per `retention`), or `status` to `sent_status`.
     #[default]
     Mark,
     /// Delete the row.
     Delete,
 }
 
-/// An outbox table's column names (plain identifiers); each defaults to seed 004's name.
+/// `pending_status` when not set: seed 002's value of a row still to relay.
+pub const DEFAULT_PENDING_STATUS: &str = "pending";
+/// `sent_status` when not set: seed 002's value of a relayed row.
+pub const DEFAULT_SENT_STATUS: &str = "processed";
+
+/// The order an outbox-table relay claims rows in, overall and per aggregate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderBy {
+    /// By id: sequence ids (`bigserial`, `AUTO_INCREMENT`).
+    #[default]
+    Id,
+    /// By `(created_at, id)`: ids the application chooses (UUIDs).
+    CreatedAt,
+}
+
+/// How a relay tells a row still to relay from a relayed one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateColumn<'a> {
+    /// This timestamp column is null until the row is relayed (seed 004).
+    SentAt(&'a str),
+    /// This column holds `pending_status` until the row is relayed, then `sent_status`
+    /// (seed 002).
+    Status(&'a str),
+}
+
+/// An outbox table's column names (plain identifiers); each defaults to seed 004's name. The
+/// header columns (`aggregate_type`, `aggregate_id`, `event`) may be set to null when the table
+/// has no such column (seed 002's has none).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TableColumns {
-    /// Integer id, ascending in insert order. Default `id`.
+    /// The id: an integer, or text such as a UUID (then see `order_by`). Default `id`.
     #[serde(default)]
     pub id: Option<String>,
-    /// Sent as header `aggregate_type`. Default `aggregate_type`.
-    #[serde(default)]
-    pub aggregate_type: Option<String>,
-    /// Rows with the same value are delivered in id order; sent as header `aggregate_id`.
-    /// Default `aggregate_id`.
-    #[serde(default)]
-    pub aggregate_id: Option<String>,
-    /// The event type, sent as header `event`. Default `event`.
-    #[serde(default)]
-    pub event: Option<String>,
+    /// Sent as header `aggregate_type`. Default `aggregate_type`; null: none.
+    #[serde(default, deserialize_with = "nullable")]
+    pub aggregate_type: Option<Option<String>>,
+    /// Rows with the same value are delivered in order (`order_by`); sent as header
+    /// `aggregate_id`. Default `aggregate_id`; null: none, every row is independent.
+    #[serde(default, deserialize_with = "nullable")]
+    pub aggregate_id: Option<Option<String>>,
+    /// The event type, sent as header `event`. Default `event`; null: none.
+    #[serde(default, deserialize_with = "nullable")]
+    pub event: Option<Option<String>>,
     /// The message body. Default `payload`.
     #[serde(default)]
     pub payload: Option<String>,
-    /// Null until relayed. Default `sent_at`.
+    /// Null until relayed. Default `sent_at`, unless `status` is set.
     #[serde(default)]
     pub sent_at: Option<String>,
+    /// Instead of `sent_at`: a status column, `pending_status` until relayed and `sent_status`
+    /// after. Default: none.
+    #[serde(default)]
+    pub status: Option<String>,
     /// Failed deliveries so far (null counts as 0). Default `retry_count`.
     #[serde(default)]
     pub retry_count: Option<String>,
     /// Not claimed before this time (null: at once). Default `retry_at`.
     #[serde(default)]
     pub retry_at: Option<String>,
+    /// When the application wrote the row, for `order_by: created_at`. Default `created_at`.
+    #[serde(default)]
+    pub created_at: Option<String>,
+    /// A JSON object of string values (json, jsonb or text), each a message header; a row
+    /// whose value is not one is dead-lettered. Default: none.
+    #[serde(default)]
+    pub headers: Option<String>,
+}
+
+/// An absent key is `None`, an explicit null `Some(None)`.
+fn nullable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
 }
 
 impl TableColumns {
-    /// `(key, configured name)` of every column.
-    pub fn names(&self) -> [(&'static str, Option<&str>); 8] {
+    /// `(key, configured name)` of every column set to a name.
+    pub fn names(&self) -> [(&'static str, Option<&str>); 11] {
         [
             ("id", self.id.as_deref()),
-            ("aggregate_type", self.aggregate_type.as_deref()),
-            ("aggregate_id", self.aggregate_id.as_deref()),
-            ("event", self.event.as_deref()),
+            (
+                "aggregate_type",
+                self.aggregate_type.as_ref().and_then(|n| n.as_deref()),
+            ),
+            (
+                "aggregate_id",
+                self.aggregate_id.as_ref().and_then(|n| n.as_deref()),
+            ),
+            ("event", self.event.as_ref().and_then(|n| n.as_deref())),
             ("payload", self.payload.as_deref()),
             ("sent_at", self.sent_at.as_deref()),
+            ("status", self.status.as_deref()),
             ("retry_count", self.retry_count.as_deref()),
             ("retry_at", self.retry_at.as_deref()),
+            ("created_at", self.created_at.as_deref()),
+            ("headers", self.headers.as_deref()),
         ]
+    }
+
+    /// The id column.
+    pub fn id(&self) -> &str {
+        self.id.as_deref().unwrap_or("id")
+    }
+
+    /// The `aggregate_type` column, if the table has one.
+    pub fn aggregate_type(&self) -> Option<&str> {
+        nullable_or(&self.aggregate_type, "aggregate_type")
+    }
+
+    /// The ordering key's column, if the table has one.
+    pub fn aggregate_id(&self) -> Option<&str> {
+        nullable_or(&self.aggregate_id, "aggregate_id")
+    }
+
+    /// The event type's column, if the table has one.
+    pub fn event(&self) -> Option<&str> {
+        nullable_or(&self.event, "event")
+    }
+
+    /// The body's column.
+    pub fn payload(&self) -> &str {
+        self.payload.as_deref().unwrap_or("payload")
+    }
+
+    /// The state column: `status` when set, else `sent_at`.
+    pub fn state(&self) -> StateColumn<'_> {
+        match &self.status {
+            Some(status) => StateColumn::Status(status),
+            None => StateColumn::SentAt(self.sent_at.as_deref().unwrap_or("sent_at")),
+        }
+    }
+
+    /// The retry counter's column.
+    pub fn retry_count(&self) -> &str {
+        self.retry_count.as_deref().unwrap_or("retry_count")
+    }
+
+    /// The retry time's (and lease's) column.
+    pub fn retry_at(&self) -> &str {
+        self.retry_at.as_deref().unwrap_or("retry_at")
+    }
+
+    /// The creation time's column, when `order_by` reads it.
+    pub fn created_at(&self, order_by: OrderBy) -> Option<&str> {
+        match order_by {
+            OrderBy::Id => None,
+            OrderBy::CreatedAt => Some(self.created_at.as_deref().unwrap_or("created_at")),
+        }
+    }
+
+    /// `(key, name)` of every column a relay with `order_by` reads or writes.
+    pub fn used(&self, order_by: OrderBy) -> Vec<(&'static str, &str)> {
+        let state = match self.state() {
+            StateColumn::SentAt(c) => ("sent_at", c),
+            StateColumn::Status(c) => ("status", c),
+        };
+        let mut used = vec![("id", self.id())];
+        used.extend(self.aggregate_type().map(|c| ("aggregate_type", c)));
+        used.extend(self.aggregate_id().map(|c| ("aggregate_id", c)));
+        used.extend(self.event().map(|c| ("event", c)));
+        used.extend([
+            ("payload", self.payload()),
+            state,
+            ("retry_count", self.retry_count()),
+            ("retry_at", self.retry_at()),
+        ]);
+        used.extend(self.created_at(order_by).map(|c| ("created_at", c)));
+        used.extend(self.headers.as_deref().map(|c| ("headers", c)));
+        used
+    }
+}
+
+/// The configured name, the default when the key is absent, `None` when set to null.
+fn nullable_or<'a>(name: &'a Option<Option<String>>, default: &'a str) -> Option<&'a str> {
+    match name {
+        None => Some(default),
+        Some(name) => name.as_deref(),
     }
 }
 

@@ -10,46 +10,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
-use rustls::{ClientConfig, RootCertStore};
+use rustls::ClientConfig;
 
 use super::settings::SettingsError;
 
 /// The rustls client configuration for a TLS session.
 pub(crate) fn client_config(ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, SettingsError> {
-    let mut roots = RootCertStore::empty();
-    match ca_file {
-        Some(path) => {
-            let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| SettingsError::Tls(format!("reading {}: {e}", path.display())))?;
-            for cert in certs {
-                let cert = cert
-                    .map_err(|e| SettingsError::Tls(format!("parsing {}: {e}", path.display())))?;
-                roots.add(cert).map_err(|e| {
-                    SettingsError::Tls(format!("certificate in {}: {e}", path.display()))
-                })?;
-            }
-            if roots.is_empty() {
-                return Err(SettingsError::Tls(format!(
-                    "{} holds no PEM certificate",
-                    path.display()
-                )));
-            }
-        }
-        None => {
-            let native = rustls_native_certs::load_native_certs();
-            for error in &native.errors {
-                tracing::warn!(%error, "skipping part of the system trust store");
-            }
-            roots.add_parsable_certificates(native.certs);
-            if roots.is_empty() {
-                return Err(SettingsError::Tls(
-                    "the system trust store has no certificates; set ca_file".into(),
-                ));
-            }
-        }
-    }
+    let roots = ferry_shared::tls::roots(ca_file).map_err(SettingsError::Tls)?;
     let config =
         ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()

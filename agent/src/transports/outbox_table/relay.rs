@@ -36,11 +36,14 @@ impl fmt::Display for DbError {
 /// A claimed row.
 #[derive(Debug)]
 pub(crate) struct Row {
-    pub id: i64,
+    /// The id as text (an integer's digits, a UUID …), as the dialect binds it back.
+    pub id: String,
     pub aggregate_type: Option<String>,
     pub aggregate_id: Option<String>,
     pub event: Option<String>,
     pub payload: Vec<u8>,
+    /// The `headers` column as text, if mapped and not null.
+    pub headers: Option<String>,
     /// Failed deliveries so far (a null column counts as 0).
     pub retry_count: u32,
 }
@@ -52,29 +55,29 @@ pub(crate) trait Dialect: Send + Sized + 'static {
     fn connect(s: &TableSettings) -> impl Future<Output = Result<Self, DbError>> + Send;
 
     /// Claims up to `limit` head rows (module docs): locks them with `FOR UPDATE SKIP LOCKED`,
-    /// leases them for `claim_ttl` and commits; in id order.
+    /// leases them for `claim_ttl` and commits; in claim order (`order_by`).
     fn claim(&mut self, limit: u32) -> impl Future<Output = Result<Vec<Row>, DbError>> + Send;
 
     /// Marks rows sent (`on_sent: mark`) or deletes them (`delete`).
     fn settle_sent(
         &mut self,
-        ids: &[i64],
+        ids: &[String],
         on_sent: OnSent,
     ) -> impl Future<Output = Result<(), DbError>> + Send;
 
     /// Records a failed delivery: `retry_count = retry_count`, `retry_at = now + delay`.
     fn retry_later(
         &mut self,
-        id: i64,
+        id: &str,
         retry_count: u32,
         delay: Duration,
     ) -> impl Future<Output = Result<(), DbError>> + Send;
 
     /// Gives unsent rows back at once (`retry_at = null`).
-    fn release(&mut self, ids: &[i64]) -> impl Future<Output = Result<(), DbError>> + Send;
+    fn release(&mut self, ids: &[String]) -> impl Future<Output = Result<(), DbError>> + Send;
 
     /// Extends the lease of unsent rows to `now + claim_ttl`.
-    fn extend(&mut self, ids: &[i64]) -> impl Future<Output = Result<(), DbError>> + Send;
+    fn extend(&mut self, ids: &[String]) -> impl Future<Output = Result<(), DbError>> + Send;
 
     /// Deletes up to one slice of rows sent before `now - retention`; returns how many.
     fn purge(&mut self, retention: Duration) -> impl Future<Output = Result<u64, DbError>> + Send;
@@ -106,11 +109,11 @@ impl From<DbError> for Ended {
 /// The rows in flight and the outcomes not yet written.
 struct State {
     /// Row id → its `retry_count` when claimed.
-    in_flight: HashMap<i64, u32>,
+    in_flight: HashMap<String, u32>,
     /// Settled outcomes still to be written.
-    pending: Vec<(i64, Outcome)>,
-    outcomes_tx: mpsc::UnboundedSender<(i64, Outcome)>,
-    outcomes: mpsc::UnboundedReceiver<(i64, Outcome)>,
+    pending: Vec<(String, Outcome)>,
+    outcomes_tx: mpsc::UnboundedSender<(String, Outcome)>,
+    outcomes: mpsc::UnboundedReceiver<(String, Outcome)>,
 }
 
 pub(super) async fn run<D: Dialect>(s: TableSettings, link: Link) {
@@ -152,7 +155,7 @@ pub(super) async fn run<D: Dialect>(s: TableSettings, link: Link) {
                 }
             }
             Err(error) if !down => {
-                tracing::warn!(%session, %error, "cannot reach the {transport} database; retrying with backoff");
+                tracing::warn!(%session, %error, "cannot relay the {transport} table (database unreachable, or the table not as configured); retrying with backoff");
                 down = true;
             }
             Err(error) => {
@@ -171,7 +174,7 @@ pub(super) async fn run<D: Dialect>(s: TableSettings, link: Link) {
 /// What woke the relay loop.
 enum Event {
     Shutdown,
-    Settled(Option<(i64, Outcome)>),
+    Settled(Option<(String, Outcome)>),
     PollDue,
     Woken,
     Heartbeat,
@@ -248,7 +251,7 @@ async fn relay<D: Dialect>(s: &TableSettings, db: &mut D, link: &Link, state: &m
             Event::Settled(settled) => state.pending.extend(settled),
             Event::PollDue | Event::Woken => claim_due = true,
             Event::Heartbeat => {
-                let ids: Vec<i64> = state.in_flight.keys().copied().collect();
+                let ids: Vec<String> = state.in_flight.keys().cloned().collect();
                 if !ids.is_empty()
                     && let Err(e) = db.extend(&ids).await
                 {
@@ -282,15 +285,15 @@ async fn flush<D: Dialect>(
     let mut sent = Vec::new();
     let mut released = Vec::new();
     let mut failed = Vec::new();
-    for &(id, outcome) in &state.pending {
-        let retry_count = state.in_flight.get(&id).copied().unwrap_or_default();
+    for (id, outcome) in &state.pending {
+        let retry_count = state.in_flight.get(id).copied().unwrap_or_default();
         if outcome.acknowledges() {
-            sent.push(id);
-        } else if outcome == Outcome::Shutdown {
-            released.push(id);
+            sent.push(id.clone());
+        } else if *outcome == Outcome::Shutdown {
+            released.push(id.clone());
         } else {
-            tracing::debug!(session = %s.name, id, ?outcome, retry_count, "row not relayed; retried later");
-            failed.push((id, retry_count, s.retry_delay(retry_count)));
+            tracing::debug!(session = %s.name, %id, ?outcome, retry_count, "row not relayed; retried later");
+            failed.push((id.as_str(), retry_count, s.retry_delay(retry_count)));
         }
     }
     if !sent.is_empty() {
@@ -311,15 +314,20 @@ async fn flush<D: Dialect>(
 
 /// Hands one claimed row to the route; false once the receiver is gone.
 fn hand_out(s: &TableSettings, link: &Link, state: &mut State, row: Row) -> bool {
-    let id = row.id;
-    let defect = (row.retry_count >= s.max_retries).then_some(Defect::RetriesExhausted {
-        retries: row.retry_count,
-        limit: s.max_retries,
+    let id = row.id.clone();
+    state.in_flight.insert(id.clone(), row.retry_count);
+    let retry_count = row.retry_count;
+    let (envelope, invalid_headers) = envelope_of(s, row);
+    // A malformed headers value stays malformed: to the DLQ at once, not through the retries.
+    let defect = invalid_headers.map(Defect::InvalidHeaders).or_else(|| {
+        (retry_count >= s.max_retries).then_some(Defect::RetriesExhausted {
+            retries: retry_count,
+            limit: s.max_retries,
+        })
     });
     let outcomes = state.outcomes_tx.clone();
-    let retry_count = row.retry_count;
     let delivery = Delivery {
-        envelope: envelope_of(s, row),
+        envelope,
         defect,
         redelivered: retry_count > 0,
         source_retries: true,
@@ -327,20 +335,21 @@ fn hand_out(s: &TableSettings, link: &Link, state: &mut State, row: Row) -> bool
             outcomes.send((id, outcome)).ok();
         }),
     };
-    state.in_flight.insert(id, retry_count);
     match link.deliveries.try_send(delivery) {
         Ok(()) => true,
         // Cannot happen (the channel holds `batch_size`, the rows in flight at most); the
         // dropped delivery settles itself as abandoned, so the row is retried.
         Err(mpsc::error::TrySendError::Full(_)) => {
-            tracing::warn!(session = %s.name, id, "delivery channel full; row retried later");
+            tracing::warn!(session = %s.name, "delivery channel full; row retried later");
             true
         }
         Err(mpsc::error::TrySendError::Closed(_)) => false,
     }
 }
 
-fn envelope_of(s: &TableSettings, row: Row) -> Envelope {
+/// The row's message, and what is wrong with its `headers` value if it is not a JSON object of
+/// strings (the message then carries the other headers).
+fn envelope_of(s: &TableSettings, row: Row) -> (Envelope, Option<String>) {
     let mut headers = Vec::with_capacity(3);
     for (key, value) in [
         ("aggregate_type", row.aggregate_type),
@@ -356,8 +365,36 @@ fn envelope_of(s: &TableSettings, row: Row) -> Envelope {
         Bytes::from(row.payload),
         Source::new(s.transport(), &s.name, &s.table, SystemTime::now()),
     );
+    let invalid = match row.headers.as_deref().map(parse_headers) {
+        Some(Ok(more)) => {
+            headers.extend(more);
+            None
+        }
+        Some(Err(e)) => Some(e),
+        None => None,
+    };
     envelope.headers = headers;
-    envelope
+    (envelope, invalid)
+}
+
+/// A `headers` value: a JSON object whose values are strings, sorted by key (an object has no
+/// order). Keys starting with `ferry-` are dropped (Ferry's own, as from other sources).
+fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("not JSON ({e})"))?;
+    let serde_json::Value::Object(object) = value else {
+        return Err(format!("not a JSON object: {text:.80}"));
+    };
+    let mut headers = Vec::with_capacity(object.len());
+    for (key, value) in object {
+        let serde_json::Value::String(value) = value else {
+            return Err(format!("the value of {key:?} is not a string"));
+        };
+        if !key.to_ascii_lowercase().starts_with("ferry-") {
+            headers.push((key, value));
+        }
+    }
+    Ok(headers)
 }
 
 #[cfg(test)]
@@ -367,9 +404,9 @@ mod tests {
     /// Records what the relay writes.
     #[derive(Default)]
     struct Recorded {
-        sent: Vec<i64>,
-        released: Vec<i64>,
-        retried: Vec<(i64, u32, Duration)>,
+        sent: Vec<String>,
+        released: Vec<String>,
+        retried: Vec<(String, u32, Duration)>,
     }
 
     impl Dialect for Recorded {
@@ -379,19 +416,19 @@ mod tests {
         async fn claim(&mut self, _: u32) -> Result<Vec<Row>, DbError> {
             Ok(Vec::new())
         }
-        async fn settle_sent(&mut self, ids: &[i64], _: OnSent) -> Result<(), DbError> {
-            self.sent.extend(ids);
+        async fn settle_sent(&mut self, ids: &[String], _: OnSent) -> Result<(), DbError> {
+            self.sent.extend_from_slice(ids);
             Ok(())
         }
-        async fn retry_later(&mut self, id: i64, n: u32, delay: Duration) -> Result<(), DbError> {
-            self.retried.push((id, n, delay));
+        async fn retry_later(&mut self, id: &str, n: u32, delay: Duration) -> Result<(), DbError> {
+            self.retried.push((id.to_owned(), n, delay));
             Ok(())
         }
-        async fn release(&mut self, ids: &[i64]) -> Result<(), DbError> {
-            self.released.extend(ids);
+        async fn release(&mut self, ids: &[String]) -> Result<(), DbError> {
+            self.released.extend_from_slice(ids);
             Ok(())
         }
-        async fn extend(&mut self, _: &[i64]) -> Result<(), DbError> {
+        async fn extend(&mut self, _: &[String]) -> Result<(), DbError> {
             Ok(())
         }
         async fn purge(&mut self, _: Duration) -> Result<u64, DbError> {
@@ -421,13 +458,14 @@ mod tests {
         }
     }
 
-    fn row(id: i64, retry_count: u32) -> Row {
+    fn row(id: &str, retry_count: u32) -> Row {
         Row {
-            id,
+            id: id.into(),
             aggregate_type: Some("orders".into()),
             aggregate_id: Some("a1".into()),
             event: None,
             payload: b"{}".to_vec(),
+            headers: None,
             retry_count,
         }
     }
@@ -439,21 +477,26 @@ mod tests {
         let s = settings();
         let mut db = Recorded::default();
         let mut state = state();
-        state.in_flight.extend([(1, 0), (2, 0), (3, 2), (4, 0)]);
-        state.pending.extend([
-            (1, Outcome::DeadLettered),
-            (2, Outcome::Shutdown),
-            (3, Outcome::Failed),
-            (4, Outcome::BackPressure),
-        ]);
+        state
+            .in_flight
+            .extend([("1", 0), ("2", 0), ("3", 2), ("4", 0)].map(|(id, n)| (id.to_owned(), n)));
+        state.pending.extend(
+            [
+                ("1", Outcome::DeadLettered),
+                ("2", Outcome::Shutdown),
+                ("3", Outcome::Failed),
+                ("4", Outcome::BackPressure),
+            ]
+            .map(|(id, outcome)| (id.to_owned(), outcome)),
+        );
         flush(&s, &mut db, &mut state).await.expect("flush");
-        assert_eq!(db.sent, [1]);
-        assert_eq!(db.released, [2]);
+        assert_eq!(db.sent, ["1"]);
+        assert_eq!(db.released, ["2"]);
         assert_eq!(
             db.retried,
             [
-                (3, 3, Duration::from_secs(4)),
-                (4, 1, Duration::from_secs(1))
+                ("3".to_owned(), 3, Duration::from_secs(4)),
+                ("4".to_owned(), 1, Duration::from_secs(1))
             ]
         );
         assert!(state.in_flight.is_empty() && state.pending.is_empty());
@@ -472,10 +515,11 @@ mod tests {
             shutdown: CancellationToken::new(),
         };
         let mut state = state();
-        assert!(hand_out(&s, &link, &mut state, row(7, 1)));
-        assert!(hand_out(&s, &link, &mut state, row(8, 2)));
+        let uuid = "0190a8c2-7a5e-7c3d-9f1e-2b4c6d8e0f12";
+        assert!(hand_out(&s, &link, &mut state, row(uuid, 1)));
+        assert!(hand_out(&s, &link, &mut state, row("8", 2)));
         let first = receiver.recv().await.expect("delivery");
-        assert_eq!(first.envelope.id, "outbox:7");
+        assert_eq!(first.envelope.id, format!("outbox:{uuid}"));
         assert_eq!(first.envelope.header("aggregate_id"), Some("a1"));
         assert!(first.defect.is_none() && first.redelivered && first.source_retries);
         let second = receiver.recv().await.expect("delivery");
@@ -492,11 +536,59 @@ mod tests {
             state.outcomes.recv().await.expect("settled"),
             state.outcomes.recv().await.expect("settled"),
         ];
-        settled.sort_by_key(|(id, _)| *id);
+        settled.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(
             settled,
-            [(7, Outcome::Abandoned), (8, Outcome::DeadLettered)]
+            [
+                (uuid.to_owned(), Outcome::Abandoned),
+                ("8".to_owned(), Outcome::DeadLettered)
+            ]
         );
         assert_eq!(state.in_flight.len(), 2);
+    }
+
+    /// A `headers` object becomes headers after the table's own (sorted, `ferry-*` dropped);
+    /// a value that is not an object of strings sends the row to the DLQ at once, with the
+    /// other headers kept, even when it still has retries left.
+    #[tokio::test]
+    async fn a_headers_column_becomes_headers_and_a_malformed_one_a_permanent_defect() {
+        let s = settings();
+        let (deliveries, mut receiver) = mpsc::channel(10);
+        let link = Link {
+            deliveries,
+            connected: watch::channel(true).0,
+            reconnects: Arc::new(AtomicU64::new(0)),
+            shutdown: CancellationToken::new(),
+        };
+        let mut state = state();
+        let with = |id: &str, headers: &str| Row {
+            headers: Some(headers.into()),
+            ..row(id, 0)
+        };
+        let good = r#"{"tenant": "t1", "ferry-message-id": "forged", "site": "s9"}"#;
+        assert!(hand_out(&s, &link, &mut state, with("1", good)));
+        for (id, bad) in [("2", "[1]"), ("3", r#"{"n": 1}"#), ("4", "{oops")] {
+            assert!(hand_out(&s, &link, &mut state, with(id, bad)));
+        }
+        let first = receiver.recv().await.expect("delivery");
+        assert!(first.defect.is_none());
+        assert_eq!(
+            first.envelope.headers,
+            [
+                ("aggregate_type", "orders"),
+                ("aggregate_id", "a1"),
+                ("site", "s9"),
+                ("tenant", "t1")
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        for expected in ["not a JSON object", "\"n\" is not a string", "not JSON"] {
+            let d = receiver.recv().await.expect("delivery");
+            match &d.defect {
+                Some(Defect::InvalidHeaders(why)) => assert!(why.contains(expected), "{why}"),
+                other => panic!("expected invalid headers, got {other:?}"),
+            }
+            assert_eq!(d.envelope.header("aggregate_id"), Some("a1"));
+        }
     }
 }

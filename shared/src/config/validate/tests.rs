@@ -11,7 +11,7 @@ use super::super::route::{
 use super::super::store::{
     DlqStoreConfig, LeaseStoreConfig, MemoryOptions, OutboxStoreConfig, PostgresOutboxOptions,
 };
-use super::super::transport::{ProtocolVersion, Receiver, Sender, Session};
+use super::super::transport::{OrderBy, ProtocolVersion, Receiver, Sender, Session, StateColumn};
 use super::{ConfigError, validate};
 
 const SEED_MAIN: &str = include_str!("../testdata/seed_main.yaml");
@@ -1516,6 +1516,117 @@ fn outbox_table_columns_urls_and_retry_options_are_checked() {
         "sessions[1].options.session.url",
         "not a query option",
     );
+}
+
+/// Seed 002's `outbox_events`: a uuid id, the event as the body, a status column, no
+/// aggregate columns, ordered by `created_at`.
+const SEED_002_RECEIVER: &str = "id: rows\nsession_id: pg\ntable: outbox_events\norder_by: created_at\ncolumns:\n  payload: event\n  event: null\n  aggregate_type: ~\n  aggregate_id: null\n  status: status\n";
+
+#[test]
+fn a_status_column_replaces_sent_at() {
+    let mut c = base();
+    c.sessions.push(table_session());
+    c.receivers.push(yaml(SEED_002_RECEIVER));
+    let errs = validate(&c).err().unwrap_or_default();
+    assert!(
+        errs.iter().all(|e| !e.path.starts_with("receivers[1]")),
+        "{errs:?}"
+    );
+    let columns = c.receivers[1].columns.clone().unwrap_or_default();
+    assert_eq!(columns.aggregate_id(), None, "null: the table has none");
+    assert_eq!(columns.state(), StateColumn::Status("status"));
+    assert_eq!(columns.created_at(OrderBy::CreatedAt), Some("created_at"));
+    let receiver = |extra: &str| -> Receiver { yaml(&format!("{SEED_002_RECEIVER}{extra}")) };
+    let errs = errors(|c| {
+        c.sessions.push(table_session());
+        c.receivers.push(receiver(
+            "  sent_at: done_at\npending_status: new\nsent_status: new\nretention: 1d\n",
+        ));
+    });
+    assert_error(
+        &errs,
+        "receivers[1].columns.status",
+        "one of columns.sent_at and columns.status",
+    );
+    assert_error(
+        &errs,
+        "receivers[1].sent_status",
+        "must differ from pending_status",
+    );
+    assert_error(
+        &errs,
+        "receivers[1].retention",
+        "retention needs a sent_at column",
+    );
+    let errs = errors(|c| {
+        c.sessions.push(table_session());
+        c.receivers.push(receiver("pending_status: \"x'; --\"\n"));
+    });
+    assert_only(
+        &errs,
+        "receivers[1].pending_status",
+        "is not a status value",
+    );
+    let errs = errors(|c| {
+        c.sessions.push(table_session());
+        c.receivers.push(yaml(
+            "id: rows\nsession_id: pg\ntable: outbox\nsent_status: done\ncolumns:\n  payload: event\n",
+        ));
+    });
+    assert_error(
+        &errs,
+        "receivers[1].sent_status",
+        "for tables with columns.status",
+    );
+    // The default `event` column is the payload too: say how to drop it.
+    assert_error(
+        &errs,
+        "receivers[1].columns.payload",
+        "named twice, as event and payload",
+    );
+    assert!(
+        errs.iter().any(|e| e
+            .message
+            .contains("to null if the table has no such column")),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn an_outbox_table_ca_file_needs_tls() {
+    for (transport, plain, tls, fix) in [
+        (
+            "postgres_table",
+            "postgres://db:5432/app",
+            "postgres://db:5432/app?sslmode=require",
+            "?sslmode=require",
+        ),
+        (
+            "mysql_table",
+            "mysql://db:3306/app",
+            "mysql://db:3306/app?require_ssl=true",
+            "?require_ssl=true",
+        ),
+    ] {
+        let session = |url: &str| -> Session {
+            yaml(&format!(
+                "id: db\ntransport: {transport}\noptions:\n  session:\n    url: {url}\n    ca_file: /etc/ferry/db-ca.pem\n"
+            ))
+        };
+        let errs = errors(|c| c.sessions.push(session(plain)));
+        assert_only(
+            &errs,
+            "sessions[1].options.session.ca_file",
+            &format!("ca_file needs {fix}"),
+        );
+        let mut c = base();
+        c.sessions.push(session(tls));
+        let errs = validate(&c).err().unwrap_or_default();
+        assert!(
+            errs.iter().all(|e| !e.path.starts_with("sessions[1]")),
+            "{errs:?}"
+        );
+    }
 }
 
 #[test]

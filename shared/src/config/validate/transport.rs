@@ -1,13 +1,16 @@
 //! Sessions, receivers, senders and bindings: required and foreign keys per transport, URLs,
 //! topics, queues, exchanges, subjects, address templates, and the references between them.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::address::{AddressTemplate, amqp_address, nats_subject};
 
 use super::super::duration::Duration;
 use super::super::secret::MASK;
-use super::super::transport::{ProtocolVersion, Sender, SessionSettings, Transport};
+use super::super::transport::{
+    DEFAULT_PENDING_STATUS, DEFAULT_SENT_STATUS, ProtocolVersion, Sender, SessionSettings,
+    StateColumn, Transport,
+};
 use super::{Validator, syntax};
 
 /// The longest SQS long-poll wait.
@@ -32,7 +35,13 @@ const BROKERS: &[Transport] = &[
     Transport::PostgresTable,
     Transport::MysqlTable,
 ];
-const BROKERS_TLS: &[Transport] = &[Transport::Mqtt, Transport::Rabbitmq, Transport::Nats];
+const BROKERS_TLS: &[Transport] = &[
+    Transport::Mqtt,
+    Transport::Rabbitmq,
+    Transport::Nats,
+    Transport::PostgresTable,
+    Transport::MysqlTable,
+];
 const MUTUAL_TLS: &[Transport] = &[Transport::Mqtt, Transport::Nats];
 const URL: &[Transport] = &[
     Transport::Rabbitmq,
@@ -396,7 +405,11 @@ impl Validator<'_> {
             Ok(parsed) if parsed.path.trim_start_matches('/').is_empty() => {
                 self.error(path, format!("\"{u}\" names no database ({shape})"));
             }
-            Ok(_) if !tls => self.plaintext(base, s, &format!("?{tls_key}={tls_on}")),
+            Ok(_) if !tls => {
+                let tls_url = format!("?{tls_key}={tls_on}");
+                self.plaintext(base, s, &tls_url);
+                self.tls_files_need_tls(base, s, &tls_url);
+            }
             Ok(_) => {}
         }
         self.not_masked(base, "password", s.password.as_ref());
@@ -585,18 +598,7 @@ impl Validator<'_> {
                 }
             }
         }
-        if let Some(columns) = &r.columns {
-            let mut seen = HashSet::new();
-            for (key, name) in columns.names() {
-                let Some(name) = name else { continue };
-                let path = format!("{base}.columns.{key}");
-                if !syntax::identifier(name) {
-                    self.error(path, format!("\"{name}\" is not a column name (letters, digits and _, not starting with a digit)"));
-                } else if !seen.insert(name) {
-                    self.error(path, format!("column \"{name}\" is named twice"));
-                }
-            }
-        }
+        self.table_columns(base, r);
         for (key, value) in [
             ("poll_interval", r.poll_interval),
             ("claim_ttl", r.claim_ttl),
@@ -636,6 +638,87 @@ impl Validator<'_> {
                 self.error(
                     path,
                     format!("\"{channel}\" is not a channel name (letters, digits and _)"),
+                );
+            }
+        }
+    }
+
+    /// The column names (each a plain identifier, no two the same, defaults included) and the
+    /// state they describe: `sent_at` or `status` with its two values.
+    fn table_columns(&mut self, base: &str, r: &super::super::transport::Receiver) {
+        let columns = r.columns.clone().unwrap_or_default();
+        let configured = columns.names();
+        for (key, name) in configured {
+            if let Some(name) = name
+                && !syntax::identifier(name)
+            {
+                self.error(
+                    format!("{base}.columns.{key}"),
+                    format!("\"{name}\" is not a column name (letters, digits and _, not starting with a digit)"),
+                );
+            }
+        }
+        if columns.status.is_some() && columns.sent_at.is_some() {
+            self.error(
+                format!("{base}.columns.status"),
+                "set one of columns.sent_at and columns.status: a row's state is in one of them",
+            );
+        }
+        // The defaults count too: `payload: event` needs `event: null` when the table has no
+        // event-type column, or the relay would read that column twice.
+        let mut seen: HashMap<String, &str> = HashMap::new();
+        for (key, name) in columns.used(r.order_by.unwrap_or_default()) {
+            let Some(first) = seen.insert(name.to_ascii_lowercase(), key) else {
+                continue;
+            };
+            let defaulted = [first, key]
+                .into_iter()
+                .find(|k| configured.iter().any(|(c, n)| c == k && n.is_none()));
+            let hint = defaulted.map_or_else(String::new, |k| {
+                format!("; columns.{k} defaults to \"{name}\": set it to another name, or to null if the table has no such column")
+            });
+            self.error(
+                format!("{base}.columns.{key}"),
+                format!("column \"{name}\" is named twice, as {first} and {key}{hint}"),
+            );
+        }
+        let status = matches!(columns.state(), StateColumn::Status(_));
+        for (key, value) in [
+            ("pending_status", &r.pending_status),
+            ("sent_status", &r.sent_status),
+        ] {
+            let Some(value) = value else { continue };
+            let path = format!("{base}.{key}");
+            if !status {
+                self.error(path, format!("{key} is for tables with columns.status"));
+            } else if value.is_empty()
+                || !value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            {
+                self.error(
+                    path,
+                    format!("\"{value}\" is not a status value (letters, digits, _, - and .)"),
+                );
+            }
+        }
+        if status {
+            let pending = r
+                .pending_status
+                .as_deref()
+                .unwrap_or(DEFAULT_PENDING_STATUS);
+            let sent = r.sent_status.as_deref().unwrap_or(DEFAULT_SENT_STATUS);
+            if pending == sent {
+                self.error(
+                    format!("{base}.sent_status"),
+                    format!("sent_status must differ from pending_status (both \"{sent}\")"),
+                );
+            }
+            if r.retention.is_some() {
+                self.error(
+                    format!("{base}.retention"),
+                    "retention needs a sent_at column (when each row was sent); with columns.status \
+                     use on_sent: delete, or purge the rows whose status is sent_status yourself",
                 );
             }
         }
