@@ -753,7 +753,7 @@ async fn a_refused_row_is_retried_then_dead_lettered_without_holding_up_other_ag
 async fn mariadb_outbox_table_to_jetstream_in_order_per_aggregate_then_purged() -> anyhow::Result<()>
 {
     const WRITERS: u64 = 4;
-    const PER_WRITER: u64 = 150;
+    const PER_WRITER: u64 = 2_500;
     let db = TestMysql::create().await?;
     let mut app = db.connect().await?;
     app.query_drop("CREATE TABLE orders (id BIGINT PRIMARY KEY)")
@@ -914,7 +914,8 @@ const NOTIFY_TRIGGER: &str = "
 /// in order per aggregate, and every row is marked sent.
 #[tokio::test]
 async fn postgres_outbox_table_to_rabbitmq_in_order_per_aggregate() -> anyhow::Result<()> {
-    const N: i64 = 500;
+    const N: i64 = 10_000;
+    const AGGREGATES: i64 = 24;
     let db = TestDatabase::create().await?;
     let app = db.connect().await?;
     app.batch_execute(OUTBOX_DDL).await?;
@@ -931,7 +932,9 @@ async fn postgres_outbox_table_to_rabbitmq_in_order_per_aggregate() -> anyhow::R
         dir: dir.path().to_owned(),
     };
     let agent = relay.start_agent().await?;
-    write_orders(&app, 0..N, 5).await?;
+    let written = std::time::Instant::now();
+    write_orders(&app, 0..N, AGGREGATES).await?;
+    println!("{N} orders written in {} ms", written.elapsed().as_millis());
     let n = u64::try_from(N)?;
     let counts = finished(&agent, &relay, n).await?;
     assert_eq!((counts[0].sent, counts[0].dead_lettered), (n, 0));
@@ -950,7 +953,7 @@ async fn postgres_outbox_table_to_rabbitmq_in_order_per_aggregate() -> anyhow::R
         );
         assert_eq!(m.delivery_mode, Some(2), "persistent");
         let aggregate = m.headers.get("aggregate_id").cloned().unwrap_or_default();
-        assert_eq!(aggregate, format!("a{}", seq % 5), "{m:?}");
+        assert_eq!(aggregate, format!("a{}", seq % AGGREGATES as u64), "{m:?}");
         by_aggregate.entry(aggregate).or_default().push(seq);
     }
     assert_ordered(&by_aggregate);
