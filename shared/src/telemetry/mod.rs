@@ -1,7 +1,9 @@
 //! The one telemetry set-up every Ferry binary runs: `tracing` with a log
 //! layer (text or JSON, filtered by `--log`, `RUST_LOG` or the configuration)
 //! and, when an OTLP endpoint is configured, an OpenTelemetry layer that
-//! exports Ferry's spans over OTLP/gRPC through a bounded queue ([`export`]).
+//! exports Ferry's spans over OTLP/gRPC through a bounded queue ([`export`]),
+//! encoded by Ferry's own exporter ([`otlp`]) where it can stand in for the
+//! SDK's.
 //!
 //! Where the settings come from, the later overriding the earlier: the
 //! defaults, the YAML `telemetry:` block ([`Settings::with_config`]), the

@@ -202,7 +202,128 @@ impl Decoder for BytesCodec {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+    use tokio_util::sync::CancellationToken;
+
     use super::*;
+
+    /// A collector that answers the first `failures` calls with `code`,
+    /// then accepts; it counts calls and the spans it accepted.
+    #[derive(Clone)]
+    struct Collector {
+        code: Code,
+        failures: usize,
+        calls: Arc<AtomicUsize>,
+        spans: Arc<AtomicUsize>,
+    }
+
+    #[tonic::async_trait]
+    impl TraceService for Collector {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, Status> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
+                return Err(Status::new(self.code, "not now"));
+            }
+            let spans = request
+                .into_inner()
+                .resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .map(|s| s.spans.len())
+                .sum();
+            self.spans.fetch_add(spans, Ordering::SeqCst);
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    /// Exports three spans to a collector failing `failures` times with
+    /// `code`: the result, the calls it saw and the spans it accepted.
+    async fn export_to(code: Code, failures: usize) -> (OTelSdkResult, usize, usize) {
+        let collector = Collector {
+            code,
+            failures,
+            calls: Arc::default(),
+            spans: Arc::default(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let endpoint = format!("http://{}", listener.local_addr().expect("its address"));
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(collector.clone()))
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    stop.clone().cancelled_owned(),
+                ),
+        );
+        let none = |_: &str| None;
+        let exporter = OtlpExporter::for_endpoint(&endpoint, Duration::from_secs(5), &none)
+            .expect("a plain http endpoint");
+        let span = opentelemetry_sdk::trace::SpanData {
+            span_context: opentelemetry::trace::SpanContext::empty_context(),
+            parent_span_id: opentelemetry::trace::SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: opentelemetry::trace::SpanKind::Internal,
+            name: "send".into(),
+            start_time: std::time::SystemTime::now(),
+            end_time: std::time::SystemTime::now(),
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: opentelemetry_sdk::trace::SpanEvents::default(),
+            links: opentelemetry_sdk::trace::SpanLinks::default(),
+            status: opentelemetry::trace::Status::Unset,
+            instrumentation_scope: opentelemetry::InstrumentationScope::default(),
+        };
+        let result = exporter
+            .export(vec![span.clone(), span.clone(), span])
+            .await;
+        stop.cancel();
+        server
+            .await
+            .expect("the collector task")
+            .expect("the collector ran");
+        (
+            result,
+            collector.calls.load(Ordering::SeqCst),
+            collector.spans.load(Ordering::SeqCst),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_collector_gets_the_batch_and_retryable_failures_are_retried() {
+        let (result, calls, spans) = export_to(Code::Ok, 0).await;
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!((calls, spans), (1, 3));
+
+        let (result, calls, spans) = export_to(Code::Unavailable, 2).await;
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!((calls, spans), (3, 3), "two retries, then accepted");
+
+        let (result, calls, spans) = export_to(Code::Unavailable, 10).await;
+        let error = result.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(error.contains("Unavailable after 4 attempt(s)"), "{error}");
+        assert_eq!((calls, spans), (4, 0), "three retries at most");
+
+        let (result, calls, spans) = export_to(Code::InvalidArgument, 1).await;
+        let error = result.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            error.contains("InvalidArgument after 1 attempt(s)"),
+            "{error}"
+        );
+        assert_eq!((calls, spans), (1, 0), "not retried");
+    }
 
     #[tokio::test]
     async fn the_sdk_exporter_keeps_what_this_one_does_not_do() {
