@@ -627,7 +627,10 @@ mod tests {
         let (got, want) = both(&Resource::builder_empty().build(), batch().split_off(5));
         assert_resource_spans(&got.resource_spans[0], &want.resource_spans[0]);
         assert_eq!(got, want);
-        // The encoding is prost's own, byte for byte (fields in order).
+    }
+
+    #[test]
+    fn the_bytes_are_those_prost_writes_for_the_sdk_conversion() {
         let spans = batch();
         let resource = resource();
         let ours = request(&ResourceFields::from(&resource), &spans);
