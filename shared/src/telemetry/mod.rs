@@ -1,7 +1,9 @@
 //! The one telemetry set-up every Ferry binary runs: `tracing` with a log
 //! layer (text or JSON, filtered by `--log`, `RUST_LOG` or the configuration)
 //! and, when an OTLP endpoint is configured, an OpenTelemetry layer that
-//! exports Ferry's spans over OTLP/gRPC through a bounded queue ([`export`]).
+//! exports Ferry's spans over OTLP/gRPC through a bounded queue ([`export`]),
+//! encoded by Ferry's own exporter ([`otlp`]) where it can stand in for the
+//! SDK's.
 //!
 //! Where the settings come from, the later overriding the earlier: the
 //! defaults, the YAML `telemetry:` block ([`Settings::with_config`]), the
@@ -23,6 +25,7 @@ mod args;
 mod export;
 mod log_ids;
 pub mod message;
+mod otlp;
 pub mod propagation;
 
 use std::collections::BTreeMap;
@@ -43,7 +46,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 pub use args::TelemetryArgs;
 pub use export::{EXPORT_TIMEOUT, MAX_BATCH, QUEUE_CAPACITY, dropped_spans};
 
-use crate::config::{Env, Telemetry as TelemetryConfig};
+use crate::config::{Env, ProcessEnv, Telemetry as TelemetryConfig};
 use log_ids::WithTraceIds;
 
 /// How long shutdown waits for the queued spans to be exported.
@@ -297,7 +300,8 @@ pub fn init(settings: Settings) -> Result<Telemetry, TelemetryError> {
 }
 
 /// The tracer provider: parent-based ratio sampling, the resource, and the
-/// bounded export queue in front of the OTLP/gRPC exporter.
+/// bounded export queue in front of the OTLP/gRPC exporter: Ferry's own
+/// ([`otlp`]) where it can stand in for the SDK's, else the SDK's.
 fn provider(
     settings: &Settings,
     endpoint: &str,
@@ -317,14 +321,20 @@ fn provider(
                 .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
         )
         .build();
-    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
-        .with_endpoint(endpoint)
-        .with_timeout(EXPORT_TIMEOUT)
-        .build()
-        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-    opentelemetry_sdk::trace::SpanExporter::set_resource(&mut exporter, &resource);
-    let (queue, task) = export::start(exporter);
+    let (queue, task) =
+        match otlp::OtlpExporter::for_endpoint(endpoint, EXPORT_TIMEOUT, &ProcessEnv) {
+            Ok(exporter) => start_export(exporter, &resource),
+            Err(reason) => {
+                tracing::debug!(%reason, "spans exported by the OpenTelemetry SDK's OTLP exporter");
+                let exporter = opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_endpoint(endpoint)
+                    .with_timeout(EXPORT_TIMEOUT)
+                    .build()
+                    .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+                start_export(exporter, &resource)
+            }
+        };
     let provider = SdkTracerProvider::builder()
         .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
             settings.sampling_ratio,
@@ -333,6 +343,15 @@ fn provider(
         .with_span_processor(queue)
         .build();
     Ok((provider, task))
+}
+
+/// The export queue in front of `exporter`, which exports for `resource`.
+fn start_export<E: opentelemetry_sdk::trace::SpanExporter + 'static>(
+    mut exporter: E,
+    resource: &Resource,
+) -> (export::ExportQueue, export::ExportTask) {
+    exporter.set_resource(resource);
+    export::start(exporter)
 }
 
 impl Telemetry {
