@@ -413,6 +413,15 @@ mod tests {
         assert_eq!(s.resource_attributes["deployment.environment"], "test");
     }
 
+    /// An `https://` collector gets the SDK's exporter with TLS (rustls,
+    /// the system's roots): building it must not fail for want of a TLS
+    /// feature.
+    #[tokio::test]
+    async fn an_https_endpoint_builds_an_exporter() {
+        let built = provider(&Settings::new("x"), "https://collector.invalid:4317");
+        assert!(built.is_ok(), "{:?}", built.err());
+    }
+
     #[test]
     fn bad_variables_are_named() {
         let e = Settings::new("x")
