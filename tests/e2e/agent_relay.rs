@@ -496,6 +496,63 @@ async fn postgres_outbox_table_to_jetstream_marks_every_row_sent() -> anyhow::Re
     Ok(())
 }
 
+/// A table relayed through a broker outage: the connection to NATS is cut (through a TCP
+/// proxy) while the agent relays a PostgreSQL outbox table with `direct_hold` (a row is marked
+/// sent only on the stream's ack), and restored. The rows in flight fail and are retried
+/// through their `retry_at`: every row is in the stream exactly once (a resend of an
+/// unacknowledged one is dropped by its `Nats-Msg-Id`), every row is marked sent, none is
+/// dead-lettered.
+#[tokio::test]
+async fn a_table_relayed_through_a_jetstream_outage_loses_nothing() -> anyhow::Result<()> {
+    const N: i64 = 2000;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(OUTBOX_DDL).await?;
+    let stream = TestStream::create("ferry_e2e_table_cut").await?;
+    let proxy = TcpProxy::start("127.0.0.1:4222".parse()?).await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay {
+        run: ids::unique("e2e"),
+        mqtt: String::new(),
+        table: Some(TableSource::postgres(&db)),
+        direct_hold: true,
+        transport: "nats",
+        url: format!("nats://127.0.0.1:{}", proxy.addr().port()),
+        bindings: vec![("js".into(), format!("{}.events", stream.subject))],
+        dir: dir.path().to_owned(),
+    };
+    let agent = relay.start_agent().await?;
+    insert_rows(&app, 0, N).await?;
+    wait::until(DELIVERY, "the first rows in the stream", || async {
+        stream.messages().await.is_ok_and(|m| !m.is_empty())
+    })
+    .await?;
+    proxy.cut().await;
+    let cut_at = stream.messages().await.map_or(0, |m| m.len());
+    wait::until(DELIVERY, "the session disconnected", || {
+        std::future::ready(
+            agent
+                .metrics()
+                .is_ok_and(|m| m.session("ferry_session_connected", "dst") == 0.0),
+        )
+    })
+    .await?;
+    proxy.restore().await?;
+    eprintln!("cut after {cut_at} of {N} rows were in the stream");
+    let n = u64::try_from(N)?;
+    let counts = finished(&agent, &relay, n).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (n, 0));
+    let stored = stream.wait_for(N as usize, DELIVERY).await?;
+    assert_eq!(stored.len(), N as usize, "each row stored once");
+    assert_eq!(
+        seqs(stored.iter().map(|m| m.payload.as_slice())),
+        (0..n).collect()
+    );
+    all_rows_sent(&app).await?;
+    stream.delete().await?;
+    Ok(())
+}
+
 /// Seed 004's outbox table, beside a business table.
 const OUTBOX_DDL: &str = "CREATE TABLE orders (id bigint PRIMARY KEY);
      CREATE TABLE outbox (
