@@ -96,6 +96,48 @@ struct Relay {
 }
 
 impl Relay {
+    /// From the private Mosquitto at `mqtt` (`{run}/in`) through `shared_outbox` to the
+    /// `transport` session at `url`.
+    fn from_mqtt(
+        mqtt: String,
+        transport: &'static str,
+        url: String,
+        bindings: Vec<(String, String)>,
+        dir: &std::path::Path,
+    ) -> Self {
+        Relay {
+            run: ids::unique("e2e"),
+            mqtt,
+            table: None,
+            direct_hold: false,
+            transport,
+            url,
+            bindings,
+            dir: dir.to_owned(),
+        }
+    }
+
+    /// From `table` through `direct_hold` (a row is marked once the destination accepted it)
+    /// to the `transport` session at `url`.
+    fn from_table(
+        table: TableSource,
+        transport: &'static str,
+        url: String,
+        bindings: Vec<(String, String)>,
+        dir: &std::path::Path,
+    ) -> Self {
+        Relay {
+            run: ids::unique("e2e"),
+            mqtt: String::new(),
+            table: Some(table),
+            direct_hold: true,
+            transport,
+            url,
+            bindings,
+            dir: dir.to_owned(),
+        }
+    }
+
     fn input(&self) -> String {
         format!("{}/in", self.run)
     }
@@ -215,22 +257,19 @@ async fn mqtt_to_rabbitmq_keeps_ids_and_headers_and_dead_letters_unroutable() ->
     let mosquitto = Mosquitto::start().await?;
     let queue = TestQueue::declare("ferry-e2e").await?;
     let dir = tempfile::tempdir()?;
-    let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: mosquitto.url(),
-        table: None,
-        direct_hold: false,
-        transport: "rabbitmq",
-        url: ferry_tests::rabbitmq::url(),
-        bindings: vec![
+    let relay = Relay::from_mqtt(
+        mosquitto.url(),
+        "rabbitmq",
+        ferry_tests::rabbitmq::url(),
+        vec![
             ("q".into(), format!("/{}", queue.name)),
             (
                 "nowhere".into(),
                 format!("/{}", ids::unique("no-such-queue")),
             ),
         ],
-        dir: dir.path().to_owned(),
-    };
+        dir.path(),
+    );
     let agent = relay.start_agent().await?;
     publish_seq_with(
         &mosquitto.url(),
@@ -280,19 +319,16 @@ async fn mqtt_to_jetstream_routes_by_header_and_dedups_a_replay() -> anyhow::Res
     let mosquitto = Mosquitto::start().await?;
     let stream = TestStream::create("ferry_e2e").await?;
     let dir = tempfile::tempdir()?;
-    let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: mosquitto.url(),
-        table: None,
-        direct_hold: false,
-        transport: "nats",
-        url: ferry_tests::nats::url(),
-        bindings: vec![(
+    let relay = Relay::from_mqtt(
+        mosquitto.url(),
+        "nats",
+        ferry_tests::nats::url(),
+        vec![(
             "js".into(),
             format!("{}.sites.{{header:site}}", stream.subject),
         )],
-        dir: dir.path().to_owned(),
-    };
+        dir.path(),
+    );
     let agent = relay.start_agent().await?;
     for (site, range) in [("eu", 0..10), ("us", 10..20)] {
         publish_seq_with(
@@ -384,16 +420,13 @@ async fn rabbitmq_connection_cut_mid_run_loses_nothing() -> anyhow::Result<()> {
     let queue = TestQueue::declare("ferry-e2e-cut").await?;
     let proxy = TcpProxy::start("127.0.0.1:5672".parse()?).await?;
     let dir = tempfile::tempdir()?;
-    let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: mosquitto.url(),
-        table: None,
-        direct_hold: false,
-        transport: "rabbitmq",
-        url: format!("amqp://127.0.0.1:{}/%2f", proxy.addr().port()),
-        bindings: vec![("q".into(), queue.name.clone())],
-        dir: dir.path().to_owned(),
-    };
+    let relay = Relay::from_mqtt(
+        mosquitto.url(),
+        "rabbitmq",
+        format!("amqp://127.0.0.1:{}/%2f", proxy.addr().port()),
+        vec![("q".into(), queue.name.clone())],
+        dir.path(),
+    );
     let agent = cut_mid_run(&relay, &proxy, N, async || queue.received().len()).await?;
     queue
         .wait_until(DELIVERY, "every message after the cut", |r| {
@@ -415,16 +448,13 @@ async fn jetstream_connection_cut_mid_run_stores_each_message_once() -> anyhow::
     let stream = TestStream::create("ferry_e2e_cut").await?;
     let proxy = TcpProxy::start("127.0.0.1:4222".parse()?).await?;
     let dir = tempfile::tempdir()?;
-    let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: mosquitto.url(),
-        table: None,
-        direct_hold: false,
-        transport: "nats",
-        url: format!("nats://127.0.0.1:{}", proxy.addr().port()),
-        bindings: vec![("js".into(), format!("{}.events", stream.subject))],
-        dir: dir.path().to_owned(),
-    };
+    let relay = Relay::from_mqtt(
+        mosquitto.url(),
+        "nats",
+        format!("nats://127.0.0.1:{}", proxy.addr().port()),
+        vec![("js".into(), format!("{}.events", stream.subject))],
+        dir.path(),
+    );
     let agent = cut_mid_run(&relay, &proxy, N, async || {
         stream.messages().await.map_or(0, |m| m.len())
     })
@@ -454,17 +484,17 @@ async fn postgres_outbox_table_to_jetstream_marks_every_row_sent() -> anyhow::Re
     let stream = TestStream::create("ferry_e2e_table").await?;
     let dir = tempfile::tempdir()?;
     let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: String::new(),
-        table: Some(TableSource::postgres(&db)),
         direct_hold: false,
-        transport: "nats",
-        url: ferry_tests::nats::url(),
-        bindings: vec![(
-            "js".into(),
-            format!("{}.{{header:aggregate_id}}", stream.subject),
-        )],
-        dir: dir.path().to_owned(),
+        ..Relay::from_table(
+            TableSource::postgres(&db),
+            "nats",
+            ferry_tests::nats::url(),
+            vec![(
+                "js".into(),
+                format!("{}.{{header:aggregate_id}}", stream.subject),
+            )],
+            dir.path(),
+        )
     };
     let agent = relay.start_agent().await?;
     write_orders(&app, 0..N, 7).await?;
@@ -511,16 +541,13 @@ async fn a_table_relayed_through_a_jetstream_outage_loses_nothing() -> anyhow::R
     let stream = TestStream::create("ferry_e2e_table_cut").await?;
     let proxy = TcpProxy::start("127.0.0.1:4222".parse()?).await?;
     let dir = tempfile::tempdir()?;
-    let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: String::new(),
-        table: Some(TableSource::postgres(&db)),
-        direct_hold: true,
-        transport: "nats",
-        url: format!("nats://127.0.0.1:{}", proxy.addr().port()),
-        bindings: vec![("js".into(), format!("{}.events", stream.subject))],
-        dir: dir.path().to_owned(),
-    };
+    let relay = Relay::from_table(
+        TableSource::postgres(&db),
+        "nats",
+        format!("nats://127.0.0.1:{}", proxy.addr().port()),
+        vec![("js".into(), format!("{}.events", stream.subject))],
+        dir.path(),
+    );
     let agent = relay.start_agent().await?;
     insert_rows(&app, 0, N).await?;
     wait::until(DELIVERY, "the first rows in the stream", || async {
@@ -716,26 +743,23 @@ async fn a_refused_row_is_retried_then_dead_lettered_without_holding_up_other_ag
     config.max_message_size = 1024;
     stream.context.update_stream(config).await?;
     let dir = tempfile::tempdir()?;
-    let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: String::new(),
-        table: Some(TableSource {
-            // Failures 1, 2 and 3 wait 2s, 4s and 8s: the rows of the other aggregates have
-            // long been sent when the refused row is dead-lettered.
-            receiver_extra: "    max_retries: 3\n    retry_backoff: 2s\n    retry_backoff_max: 8s\n"
-                .into(),
-            policy: "      send_retry_budget: 200ms\n      retry_backoff:\n        initial_interval: 20ms\n        max_interval: 50ms\n".into(),
-            ..TableSource::postgres(&db)
-        }),
-        direct_hold: true,
-        transport: "nats",
-        url: ferry_tests::nats::url(),
-        bindings: vec![(
-            "js".into(),
-            format!("{}.{{header:aggregate_id}}", stream.subject),
-        )],
-        dir: dir.path().to_owned(),
-    };
+    let relay = Relay::from_table(
+        TableSource {
+        // Failures 1, 2 and 3 wait 2s, 4s and 8s: the rows of the other aggregates have
+        // long been sent when the refused row is dead-lettered.
+        receiver_extra: "    max_retries: 3\n    retry_backoff: 2s\n    retry_backoff_max: 8s\n"
+            .into(),
+        policy: "      send_retry_budget: 200ms\n      retry_backoff:\n        initial_interval: 20ms\n        max_interval: 50ms\n".into(),
+        ..TableSource::postgres(&db)
+    },
+        "nats",
+        ferry_tests::nats::url(),
+        vec![(
+        "js".into(),
+        format!("{}.{{header:aggregate_id}}", stream.subject),
+    )],
+        dir.path(),
+    );
     // The refused row heads aggregate `bad`; three rows follow it there.
     app.batch_execute(&format!(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event, payload)
@@ -830,22 +854,19 @@ async fn mariadb_outbox_table_to_jetstream_in_order_per_aggregate_then_purged() 
     .await?;
     let stream = TestStream::create("ferry_e2e_mysql").await?;
     let dir = tempfile::tempdir()?;
-    let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: String::new(),
-        table: Some(TableSource {
+    let relay = Relay::from_table(
+        TableSource {
             receiver_extra: "    retention: 1s\n".into(),
             ..TableSource::mysql(&db)
-        }),
-        direct_hold: true,
-        transport: "nats",
-        url: ferry_tests::nats::url(),
-        bindings: vec![(
+        },
+        "nats",
+        ferry_tests::nats::url(),
+        vec![(
             "js".into(),
             format!("{}.{{header:aggregate_id}}", stream.subject),
         )],
-        dir: dir.path().to_owned(),
-    };
+        dir.path(),
+    );
     let agent = relay.start_agent().await?;
     // Each writer owns aggregates w{k}-0..2 and writes one transaction per event, so its
     // events commit in id order per aggregate (as an application serializing each aggregate).
@@ -916,23 +937,20 @@ async fn postgres_notify_wakes_the_relay_before_the_poll_interval() -> anyhow::R
     app.batch_execute(NOTIFY_TRIGGER).await?;
     let stream = TestStream::create("ferry_e2e_notify").await?;
     let dir = tempfile::tempdir()?;
-    let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: String::new(),
-        table: Some(TableSource {
+    let relay = Relay::from_table(
+        TableSource {
             poll_interval: "1h",
             receiver_extra: "    notify_channel: ferry_outbox\n    on_sent: delete\n".into(),
             ..TableSource::postgres(&db)
-        }),
-        direct_hold: true,
-        transport: "nats",
-        url: ferry_tests::nats::url(),
-        bindings: vec![(
+        },
+        "nats",
+        ferry_tests::nats::url(),
+        vec![(
             "js".into(),
             format!("{}.{{header:aggregate_id}}", stream.subject),
         )],
-        dir: dir.path().to_owned(),
-    };
+        dir.path(),
+    );
     let agent = relay.start_agent().await?;
     // Ready means connected and past the first (empty) claim's start; rows inserted now are
     // found by a notification, one transaction each.
@@ -978,16 +996,13 @@ async fn postgres_outbox_table_to_rabbitmq_in_order_per_aggregate() -> anyhow::R
     app.batch_execute(OUTBOX_DDL).await?;
     let queue = TestQueue::declare("ferry-e2e-table").await?;
     let dir = tempfile::tempdir()?;
-    let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: String::new(),
-        table: Some(TableSource::postgres(&db)),
-        direct_hold: true,
-        transport: "rabbitmq",
-        url: ferry_tests::rabbitmq::url(),
-        bindings: vec![("q".into(), format!("/{}", queue.name))],
-        dir: dir.path().to_owned(),
-    };
+    let relay = Relay::from_table(
+        TableSource::postgres(&db),
+        "rabbitmq",
+        ferry_tests::rabbitmq::url(),
+        vec![("q".into(), format!("/{}", queue.name))],
+        dir.path(),
+    );
     let agent = relay.start_agent().await?;
     let written = std::time::Instant::now();
     write_orders(&app, 0..N, AGGREGATES).await?;
@@ -1054,20 +1069,17 @@ async fn seed_002_outbox_events_with_uuid_ids_and_a_status_column_to_rabbitmq() 
     app.batch_execute(SEED_002_DDL).await?;
     let queue = TestQueue::declare("ferry-e2e-seed002").await?;
     let dir = tempfile::tempdir()?;
-    let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: String::new(),
-        table: Some(TableSource {
-            receiver_extra: "    batch_size: 1\n    order_by: created_at\n    columns:\n      payload: event\n      event: null\n      aggregate_type: null\n      aggregate_id: null\n      status: status\n".into(),
-            url: format!("postgres://127.0.0.1:5432/{}", db.name()),
-            ..TableSource::postgres_named("outbox_events")
-        }),
-        direct_hold: true,
-        transport: "rabbitmq",
-        url: ferry_tests::rabbitmq::url(),
-        bindings: vec![("q".into(), format!("/{}", queue.name))],
-        dir: dir.path().to_owned(),
-    };
+    let relay = Relay::from_table(
+        TableSource {
+        receiver_extra: "    batch_size: 1\n    order_by: created_at\n    columns:\n      payload: event\n      event: null\n      aggregate_type: null\n      aggregate_id: null\n      status: status\n".into(),
+        url: format!("postgres://127.0.0.1:5432/{}", db.name()),
+        ..TableSource::postgres_named("outbox_events")
+    },
+        "rabbitmq",
+        ferry_tests::rabbitmq::url(),
+        vec![("q".into(), format!("/{}", queue.name))],
+        dir.path(),
+    );
     let mut agent = Agent::start(&relay.dir, &relay.yaml())?;
     let missing = "table outbox_events has no column retry_count (columns.retry_count)";
     wait::until(DELIVERY, "the missing column named in the log", || {
@@ -1180,22 +1192,19 @@ async fn mariadb_uuid_ids_and_a_status_column_in_created_at_order_per_aggregate(
     .await?;
     let stream = TestStream::create("ferry_e2e_mysql_uuid").await?;
     let dir = tempfile::tempdir()?;
-    let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: String::new(),
-        table: Some(TableSource {
-            receiver_extra: "    order_by: created_at\n    pending_status: new\n    sent_status: done\n    columns:\n      aggregate_type: null\n      event: null\n      status: status\n".into(),
-            ..TableSource::mysql(&db)
-        }),
-        direct_hold: true,
-        transport: "nats",
-        url: ferry_tests::nats::url(),
-        bindings: vec![(
-            "js".into(),
-            format!("{}.{{header:aggregate_id}}", stream.subject),
-        )],
-        dir: dir.path().to_owned(),
-    };
+    let relay = Relay::from_table(
+        TableSource {
+        receiver_extra: "    order_by: created_at\n    pending_status: new\n    sent_status: done\n    columns:\n      aggregate_type: null\n      event: null\n      status: status\n".into(),
+        ..TableSource::mysql(&db)
+    },
+        "nats",
+        ferry_tests::nats::url(),
+        vec![(
+        "js".into(),
+        format!("{}.{{header:aggregate_id}}", stream.subject),
+    )],
+        dir.path(),
+    );
     let agent = relay.start_agent().await?;
     let mut writers = Vec::new();
     for w in 0..WRITERS {
@@ -1284,19 +1293,16 @@ async fn postgres_headers_column_becomes_amqp_headers_and_a_malformed_one_is_dea
     .await?;
     let queue = TestQueue::declare("ferry-e2e-headers").await?;
     let dir = tempfile::tempdir()?;
-    let relay = Relay {
-        run: ids::unique("e2e"),
-        mqtt: String::new(),
-        table: Some(TableSource {
+    let relay = Relay::from_table(
+        TableSource {
             receiver_extra: "    columns:\n      headers: headers\n".into(),
             ..TableSource::postgres(&db)
-        }),
-        direct_hold: true,
-        transport: "rabbitmq",
-        url: ferry_tests::rabbitmq::url(),
-        bindings: vec![("q".into(), format!("/{}", queue.name))],
-        dir: dir.path().to_owned(),
-    };
+        },
+        "rabbitmq",
+        ferry_tests::rabbitmq::url(),
+        vec![("q".into(), format!("/{}", queue.name))],
+        dir.path(),
+    );
     let agent = relay.start_agent().await?;
     let n = u64::try_from(N)?;
     let counts = finished(&agent, &relay, n).await?;
