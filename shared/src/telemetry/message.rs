@@ -27,7 +27,6 @@
 //!   an error, since it comes from publishers.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 use std::future::Future;
 use std::str::FromStr as _;
 use std::sync::RwLock;
@@ -170,7 +169,9 @@ impl MessageSpan {
 
 /// The span context a W3C `traceparent` (with its `tracestate`) names, if
 /// it is well formed: version `00` with exactly four fields, or a later
-/// version with at least four; ids not all zero.
+/// version with at least four; ids not all zero. Parsed by hand: this runs
+/// for every send of every traced message, and the SDK's `from_hex` (through
+/// `from_str_radix`) cost several times more.
 fn parse(carried: &TraceContext) -> Option<SpanContext> {
     let mut fields = carried.traceparent.as_deref()?.trim().split('-');
     let (version, trace_id, span_id, flags) = (
@@ -179,21 +180,13 @@ fn parse(carried: &TraceContext) -> Option<SpanContext> {
         fields.next()?,
         fields.next()?,
     );
-    let rest = fields.next();
-    let lower_hex = |s: &str, len: usize| {
-        s.len() == len
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    if !lower_hex(version, 2) || version == "ff" || (version == "00" && rest.is_some()) {
+    let [version] = hex_bytes::<1>(version)?;
+    if version == 0xff || (version == 0 && fields.next().is_some()) {
         return None;
     }
-    if !lower_hex(trace_id, 32) || !lower_hex(span_id, 16) || !lower_hex(flags, 2) {
-        return None;
-    }
-    let trace_id = TraceId::from_hex(trace_id).ok()?;
-    let span_id = SpanId::from_hex(span_id).ok()?;
-    let flags = u8::from_str_radix(flags, 16).ok()?;
+    let trace_id = TraceId::from_bytes(hex_bytes(trace_id)?);
+    let span_id = SpanId::from_bytes(hex_bytes(span_id)?);
+    let [flags] = hex_bytes::<1>(flags)?;
     let state = carried
         .tracestate
         .as_deref()
@@ -209,17 +202,45 @@ fn parse(carried: &TraceContext) -> Option<SpanContext> {
     sc.is_valid().then_some(sc)
 }
 
-/// The `traceparent` of `sc`: `00-{trace id}-{span id}-{flags}`.
+/// `N` bytes from exactly `2N` lowercase hex digits (W3C trace context
+/// allows no other case).
+fn hex_bytes<const N: usize>(digits: &str) -> Option<[u8; N]> {
+    let digits = digits.as_bytes();
+    if digits.len() != 2 * N {
+        return None;
+    }
+    let value = |d: u8| match d {
+        b'0'..=b'9' => Some(d - b'0'),
+        b'a'..=b'f' => Some(d - b'a' + 10),
+        _ => None,
+    };
+    let mut bytes = [0; N];
+    for (byte, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
+        *byte = (value(pair[0])? << 4) | value(pair[1])?;
+    }
+    Some(bytes)
+}
+
+/// The `traceparent` of `sc`: `00-{trace id}-{span id}-{flags}`, written by
+/// hand for the same reason as [`parse`].
 fn format_traceparent(sc: &SpanContext) -> String {
     let mut out = String::with_capacity(55);
-    let _ = write!(
-        out,
-        "00-{:032x}-{:016x}-{:02x}",
-        sc.trace_id(),
-        sc.span_id(),
-        sc.trace_flags().to_u8()
-    );
+    out.push_str("00-");
+    push_hex(&mut out, &sc.trace_id().to_bytes());
+    out.push('-');
+    push_hex(&mut out, &sc.span_id().to_bytes());
+    out.push('-');
+    push_hex(&mut out, &[sc.trace_flags().to_u8()]);
     out
+}
+
+/// Appends `bytes` as lowercase hex.
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
 }
 
 #[cfg(test)]
