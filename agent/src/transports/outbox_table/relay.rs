@@ -394,6 +394,9 @@ fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
             headers.push((key, value));
         }
     }
+    // Sorted here: serde_json keeps insertion order when any crate of the build enables its
+    // `preserve_order` feature, as one of ours does.
+    headers.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(headers)
 }
 
