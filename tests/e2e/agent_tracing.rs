@@ -1,15 +1,18 @@
 //! Issue 17's acceptance: one trace per delivery across the store-and-forward hop. Real
 //! Mosquitto brokers, `ferry-agent run` with SQLite stores exporting to an OTLP trace receiver
 //! in this process, one MQTT v5 message with a publisher's `traceparent` fanned out to three
-//! bindings.
+//! bindings; and a `ferryctl` command traced into the control plane's RPC span.
 
 use std::time::Duration;
 
 use ferry_tests::mqtt::QoS;
 use ferry_tests::otlp::{Span, TraceReceiver};
-use ferry_tests::{Collector, Mosquitto, PublishOptions, publish_seq, publish_seq_with, wait};
+use ferry_tests::{
+    Collector, Mosquitto, PublishOptions, project_bin, publish_seq, publish_seq_with, wait,
+};
 
 use crate::agent_support::{Bridge, quiesced};
+use crate::control_plane::ControlPlane;
 
 const DELIVERY: Duration = Duration::from_secs(60);
 const PUBLISHER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -213,5 +216,60 @@ async fn an_unreachable_collector_costs_no_delivery_and_counts_dropped_spans() -
         std::future::ready(dropped.is_some_and(|d| d > 0.0))
     })
     .await?;
+    Ok(())
+}
+
+/// Deliver 4: `ferryctl` sends its own trace context and the control plane makes one span per
+/// RPC, named for the method, a child of the caller's span: a `ferryctl get leases` and the
+/// `ListLeases` call it makes form one trace, both exported.
+#[tokio::test]
+async fn a_ferryctl_command_and_its_rpc_form_one_trace() -> anyhow::Result<()> {
+    let receiver = TraceReceiver::start().await?;
+    let endpoint = receiver.endpoint().to_owned();
+    let cp =
+        ControlPlane::start_with(None, &[], &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)]).await?;
+    let output = tokio::process::Command::new(project_bin("ferryctl")?)
+        .args(["--endpoint", &cp.endpoint(), "get", "leases"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        output.status.success(),
+        "ferryctl failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let spans = receiver
+        .wait_for(
+            "ferryctl's span and the control plane's",
+            DELIVERY,
+            |spans| {
+                let cli = spans.iter().find(|s| s.service_name == "ferryctl");
+                cli.is_some_and(|cli| {
+                    spans.iter().any(|s| {
+                        s.service_name == "ferry-control-plane" && s.trace_id == cli.trace_id
+                    })
+                })
+            },
+        )
+        .await?;
+    let cli = spans
+        .iter()
+        .find(|s| s.service_name == "ferryctl" && s.parent_span_id.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("no root span of ferryctl: {spans:?}"))?;
+    assert_eq!(cli.name, "ferryctl", "{cli:?}");
+    let rpc = spans
+        .iter()
+        .find(|s| s.service_name == "ferry-control-plane" && s.trace_id == cli.trace_id)
+        .ok_or_else(|| anyhow::anyhow!("no rpc span in ferryctl's trace: {spans:?}"))?;
+    assert!(rpc.name.ends_with("/ListLeases"), "{rpc:?}");
+    let ferryctl_span_ids: Vec<&str> = spans
+        .iter()
+        .filter(|s| s.service_name == "ferryctl" && s.trace_id == cli.trace_id)
+        .map(|s| s.span_id.as_str())
+        .collect();
+    assert!(
+        ferryctl_span_ids.contains(&rpc.parent_span_id.as_str()),
+        "the rpc span's parent is one of ferryctl's spans: {rpc:?} {spans:?}"
+    );
     Ok(())
 }
