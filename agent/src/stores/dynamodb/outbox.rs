@@ -59,15 +59,17 @@
 //! 7. **A failed claim owes its records.** A claim is many updates, not one
 //!    transaction: when the call fails, some of the records it chose may be
 //!    claimed (earlier updates applied, or a failed one applied before its
-//!    answer was lost). The store keeps the chosen seqs, with the owner and
-//!    version, and its next `claim` for that owner and version claims them
-//!    first, whatever their age (the owner's claim at `v` is accepted): the
-//!    drainer gets them back at once instead of after
-//!    `stale_claim_duration` (the stores' invariant 5). A record of them
-//!    that is pending is simply claimed; one claimed by another version is
-//!    left out, as in any claim. What a failed `expire` chose is owed to
-//!    the next `claim` too (the drainer disposes of expired records it
-//!    claims).
+//!    answer was lost). The store keeps the chosen seqs with the token each
+//!    update wrote, the owner and the version, and the owner's next `claim`
+//!    at that version claims the oldest of them first (at most `limit`)
+//!    with that same token, which its condition accepts: the drainer gets
+//!    them back at once instead of after `stale_claim_duration` (the
+//!    stores' invariant 5). A record of them that is pending is simply
+//!    claimed; one claimed by any other call (another agent, or a
+//!    concurrent call of the same owner that won it and returned it) has
+//!    another token and is left out, so nothing is returned twice. What a
+//!    failed `expire` chose is owed to the next `claim` too (the drainer
+//!    disposes of expired records it claims).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -121,8 +123,9 @@ pub struct DynamoDbOutboxStore {
     owed: Mutex<HashMap<(String, String), Owed>>,
 }
 
-/// Seqs a failed claiming call may have claimed, and its version.
-type Owed = (u64, BTreeSet<u64>);
+/// What failed claiming calls may have claimed under one version: each seq
+/// with the token its update wrote.
+type Owed = (u64, BTreeMap<u64, String>);
 
 /// The key of the fence and the records of `partition`.
 fn records_pk(partition: &str) -> String {
@@ -443,11 +446,10 @@ impl DynamoDbOutboxStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let owed = match pick {
-            Pick::Claim { .. } => self.take_owed(partition, owner, version),
-            Pick::Expire => BTreeSet::new(),
+        let mut chosen = match pick {
+            Pick::Claim { .. } => self.take_owed(partition, owner, version, limit),
+            Pick::Expire => BTreeMap::new(),
         };
-        let mut chosen = owed.clone();
         let call = Call {
             partition,
             rpk: records_pk(partition),
@@ -456,24 +458,22 @@ impl DynamoDbOutboxStore {
             now,
             token: uuid::Uuid::now_v7().to_string(),
         };
-        let claimed = self
-            .claim_chosen(&call, limit, pick, &owed, &mut chosen)
-            .await;
+        let claimed = self.claim_chosen(&call, limit, pick, &mut chosen).await;
         if claimed.is_err() {
             self.owe(partition, owner, version, chosen);
         }
         claimed
     }
 
-    /// Adds to `chosen` (which holds what is `owed`) what `pick` finds, up
-    /// to `limit`, and claims them all.
+    /// Adds to `chosen` (which holds what is owed, with the tokens that
+    /// claimed them) what `pick` finds, up to `limit`, and claims them all,
+    /// each with its token.
     async fn claim_chosen(
         &self,
         call: &Call<'_>,
         limit: usize,
         pick: Pick,
-        owed: &BTreeSet<u64>,
-        chosen: &mut BTreeSet<u64>,
+        chosen: &mut BTreeMap<u64, String>,
     ) -> StoreResult<Vec<OutboxRecord>> {
         let Call {
             partition,
@@ -504,24 +504,17 @@ impl DynamoDbOutboxStore {
                         }
                     };
                     if wanted {
-                        chosen.insert(get_n::<u64>(&item, "sk")?);
+                        chosen
+                            .entry(get_n::<u64>(&item, "sk")?)
+                            .or_insert_with(|| call.token.clone());
                     }
                     Ok(chosen.len() < limit)
                 })
                 .await?;
         }
-        let claimed: Vec<StoreResult<Option<Item>>> = stream::iter(chosen.iter().copied())
-            .map(|seq| {
-                // An owed record is the owner's claim at `version`, whatever its age.
-                let pick = if owed.contains(&seq) {
-                    Pick::Claim {
-                        stale_before: i64::MAX,
-                    }
-                } else {
-                    pick
-                };
-                self.claim_one(call, seq, pick)
-            })
+        let claims: Vec<(u64, String)> = chosen.iter().map(|(s, t)| (*s, t.clone())).collect();
+        let claimed: Vec<StoreResult<Option<Item>>> = stream::iter(claims)
+            .map(|(seq, token)| async move { self.claim_one(call, seq, &token, pick).await })
             .buffered(CLAIM_CONCURRENCY)
             .collect()
             .await;
@@ -534,22 +527,35 @@ impl DynamoDbOutboxStore {
         self.with_envelopes(partition, rows).await
     }
 
-    /// What failed claiming calls of `owner` owe in `partition` under
-    /// `version` (those of another version are void: invariant 3).
-    fn take_owed(&self, partition: &str, owner: &str, version: u64) -> BTreeSet<u64> {
-        let owed = self
+    /// The oldest `limit` of what failed claiming calls of `owner` owe in
+    /// `partition` under `version`, with their tokens (the rest stay owed;
+    /// those of another version are void: invariant 3).
+    fn take_owed(
+        &self,
+        partition: &str,
+        owner: &str,
+        version: u64,
+        limit: usize,
+    ) -> BTreeMap<u64, String> {
+        let mut owed = self
             .owed
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(&(partition.to_owned(), owner.to_owned()));
-        match owed {
-            Some((v, seqs)) if v == version => seqs,
-            _ => BTreeSet::new(),
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let key = (partition.to_owned(), owner.to_owned());
+        match owed.remove(&key) {
+            Some((v, mut seqs)) if v == version => {
+                if let Some(&rest) = seqs.keys().nth(limit) {
+                    owed.insert(key, (v, seqs.split_off(&rest)));
+                }
+                seqs
+            }
+            _ => BTreeMap::new(),
         }
     }
 
-    /// Remembers what a failed claiming call may have claimed (invariant 7).
-    fn owe(&self, partition: &str, owner: &str, version: u64, seqs: BTreeSet<u64>) {
+    /// Remembers what a failed claiming call may have claimed, each seq with
+    /// the token its update wrote (invariant 7).
+    fn owe(&self, partition: &str, owner: &str, version: u64, seqs: BTreeMap<u64, String>) {
         if seqs.is_empty() {
             return;
         }
@@ -559,17 +565,24 @@ impl DynamoDbOutboxStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let entry = owed
             .entry((partition.to_owned(), owner.to_owned()))
-            .or_insert_with(|| (version, BTreeSet::new()));
+            .or_insert_with(|| (version, BTreeMap::new()));
         if entry.0 != version {
-            *entry = (version, BTreeSet::new());
+            *entry = (version, BTreeMap::new());
         }
         entry.1.extend(seqs);
     }
 
-    /// Claims one record on the condition that chose it (or the call's own
-    /// earlier attempt: invariant 4); `None` when another agent changed it
-    /// first.
-    async fn claim_one(&self, call: &Call<'_>, seq: u64, pick: Pick) -> StoreResult<Option<Item>> {
+    /// Claims one record on the condition that chose it, or that it carries
+    /// `token` (an earlier attempt of this update, or the failed call that
+    /// owes it: invariants 4 and 7); `None` when another call or agent
+    /// changed it first.
+    async fn claim_one(
+        &self,
+        call: &Call<'_>,
+        seq: u64,
+        token: &str,
+        pick: Pick,
+    ) -> StoreResult<Option<Item>> {
         let update = self
             .table
             .client
@@ -582,7 +595,7 @@ impl DynamoDbOutboxStore {
             .expression_attribute_values(":v", n(call.version))
             .expression_attribute_values(":o", s(call.owner))
             .expression_attribute_values(":now", n(call.now))
-            .expression_attribute_values(":t", s(&call.token))
+            .expression_attribute_values(":t", s(token))
             .return_values(ReturnValue::AllNew);
         let update = match pick {
             Pick::Claim { stale_before } => update
@@ -652,7 +665,15 @@ impl DynamoDbOutboxStore {
                 .await?;
             // Only a completion at `version`, which only this caller makes,
             // deletes a record claimed at `version` while the fence allows
-            // it: one in doubt that is gone was deleted by this call.
+            // it: one in doubt that is gone was deleted by this call — if
+            // the fence still allows `version` now, after the read (a raise
+            // before it could have let a newer holder delete the record).
+            if !in_doubt.is_empty() {
+                let hwm = self.hwm(partition).await?;
+                if version < hwm {
+                    return Err(stale(partition, version, hwm));
+                }
+            }
             let present = items
                 .iter()
                 .map(|item| get_n(item, "sk"))
@@ -974,7 +995,7 @@ mod tests {
 
     use super::*;
     use crate::stores::NewRecord;
-    use crate::stores::conformance::{dynamodb_outbox, dynamodb_table, envelope, t};
+    use crate::stores::conformance::{STALE, dynamodb_outbox, dynamodb_table, envelope, t};
     use crate::stores::dynamodb::MAX_ITEM_BYTES;
 
     fn message(name: &str, bindings: usize) -> NewMessage {
@@ -1192,6 +1213,40 @@ mod tests {
         let claimed = store.claim("p", "o", 1, 10, t(3)).await.expect("claim");
         assert_eq!(seqs(&claimed), vec![1, 2, 3]);
         assert_eq!(store.complete("p", 1, &[1, 2, 3]).await, Ok(vec![1, 2, 3]));
+    }
+
+    /// What a failed claim owes and another call of the same owner won in
+    /// the meantime (here a second store instance whose claim found the
+    /// failed call's claims stale) is not returned again: the owed claim
+    /// accepts only the failed call's own token (invariant 7).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_owed_record_won_by_another_call_is_not_returned_twice() {
+        let (store, lose) = losing_answers("UpdateItem", 2).await;
+        lose.store(u32::MAX, Ordering::SeqCst);
+        assert!(store.claim("p", "o", 1, 10, t(2)).await.is_err());
+        lose.store(0, Ordering::SeqCst);
+        let other = DynamoDbOutboxStore::open_with(store.client().clone(), store.options().clone())
+            .await
+            .expect("open");
+        let later = t(2) + STALE * 2;
+        let won = other.claim("p", "o", 1, 10, later).await.expect("claim");
+        assert_eq!(seqs(&won), vec![1, 2]);
+        let again = store.claim("p", "o", 1, 10, t(3)).await.expect("claim");
+        assert_eq!(seqs(&again), Vec::<u64>::new(), "returned twice");
+    }
+
+    /// A claim returns at most `limit` of what is owed; the rest comes with
+    /// the next one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn owed_records_come_back_at_most_limit_at_a_time() {
+        let (store, lose) = losing_answers("UpdateItem", 3).await;
+        lose.store(u32::MAX, Ordering::SeqCst);
+        assert!(store.claim("p", "o", 1, 10, t(2)).await.is_err());
+        lose.store(0, Ordering::SeqCst);
+        let first = store.claim("p", "o", 1, 2, t(3)).await.expect("claim");
+        assert_eq!(seqs(&first), vec![1, 2]);
+        let rest = store.claim("p", "o", 1, 2, t(3)).await.expect("claim");
+        assert_eq!(seqs(&rest), vec![3]);
     }
 
     /// A completion applied, its answer lost, the SDK resends it and the
