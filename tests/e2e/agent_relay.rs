@@ -911,18 +911,24 @@ async fn mariadb_outbox_table_to_jetstream_in_order_per_aggregate_then_purged() 
         seqs(stored.iter().map(|m| m.payload.as_slice())),
         (0..total).collect()
     );
-    wait::until(DELIVERY, "the sent rows purged", || async {
+    until_none_left(&db, "the sent rows purged", "SELECT count(*) FROM outbox").await?;
+    stream.delete().await?;
+    Ok(())
+}
+
+/// Waits until `count_sql` (a `SELECT count(*)`) answers 0 on MariaDB `db`, on a connection of
+/// its own each time.
+async fn until_none_left(db: &TestMysql, what: &str, count_sql: &str) -> anyhow::Result<()> {
+    wait::until(DELIVERY, what, || async {
         match db.connect().await {
             Ok(mut c) => c
-                .query_first::<i64, _>("SELECT count(*) FROM outbox")
+                .query_first::<i64, _>(count_sql)
                 .await
                 .is_ok_and(|n| n == Some(0)),
             Err(_) => false,
         }
     })
-    .await?;
-    stream.delete().await?;
-    Ok(())
+    .await
 }
 
 /// With the optional trigger installed and `notify_channel` set, a row is claimed as soon as
@@ -1255,15 +1261,11 @@ async fn mariadb_uuid_ids_and_a_status_column_in_created_at_order_per_aggregate(
     let mut by_id = by_created.clone();
     by_id.sort();
     assert_ne!(by_created, by_id, "id order is not created_at order");
-    wait::until(DELIVERY, "every row done", || async {
-        match db.connect().await {
-            Ok(mut c) => c
-                .query_first::<i64, _>("SELECT count(*) FROM outbox WHERE status <> 'done'")
-                .await
-                .is_ok_and(|n| n == Some(0)),
-            Err(_) => false,
-        }
-    })
+    until_none_left(
+        &db,
+        "every row done",
+        "SELECT count(*) FROM outbox WHERE status <> 'done'",
+    )
     .await?;
     stream.delete().await?;
     Ok(())

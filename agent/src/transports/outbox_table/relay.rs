@@ -461,6 +461,18 @@ mod tests {
         }
     }
 
+    /// A connected link and the receiving end of its deliveries.
+    fn link() -> (Link, mpsc::Receiver<Delivery>) {
+        let (deliveries, receiver) = mpsc::channel(10);
+        let link = Link {
+            deliveries,
+            connected: watch::channel(true).0,
+            reconnects: Arc::new(AtomicU64::new(0)),
+            shutdown: CancellationToken::new(),
+        };
+        (link, receiver)
+    }
+
     fn row(id: &str, retry_count: u32) -> Row {
         Row {
             id: id.into(),
@@ -510,13 +522,7 @@ mod tests {
     #[tokio::test]
     async fn a_row_past_its_retries_is_handed_out_for_the_dlq() {
         let s = settings();
-        let (deliveries, mut receiver) = mpsc::channel(10);
-        let link = Link {
-            deliveries,
-            connected: watch::channel(true).0,
-            reconnects: Arc::new(AtomicU64::new(0)),
-            shutdown: CancellationToken::new(),
-        };
+        let (link, mut receiver) = link();
         let mut state = state();
         let uuid = "0190a8c2-7a5e-7c3d-9f1e-2b4c6d8e0f12";
         assert!(hand_out(&s, &link, &mut state, row(uuid, 1)));
@@ -556,13 +562,7 @@ mod tests {
     #[tokio::test]
     async fn a_headers_column_becomes_headers_and_a_malformed_one_a_permanent_defect() {
         let s = settings();
-        let (deliveries, mut receiver) = mpsc::channel(10);
-        let link = Link {
-            deliveries,
-            connected: watch::channel(true).0,
-            reconnects: Arc::new(AtomicU64::new(0)),
-            shutdown: CancellationToken::new(),
-        };
+        let (link, mut receiver) = link();
         let mut state = state();
         let with = |id: &str, headers: &str| Row {
             headers: Some(headers.into()),
