@@ -21,6 +21,15 @@
 //!    processes starting at once migrate one after the other; a database
 //!    whose recorded version is newer than the steps known is refused and
 //!    left as it is.
+//! 6. **A frozen holder does not block the others.** Every pooled session
+//!    starts with `idle_in_transaction_session_timeout` and `lock_timeout`
+//!    set ([`PoolOptions`]): a process paused (SIGSTOP, a frozen VM) between
+//!    a statement that took row locks and its `COMMIT` has its session ended
+//!    by the server, which rolls its transaction back and frees the locks;
+//!    and a wait for a lock that is still not free gives up with
+//!    `lock_not_available` ([`timed_out`]) instead of hanging. Ferry's
+//!    transactions send their statements back to back, so neither fires in
+//!    normal operation. Migrations wait for their locks without limit.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -77,6 +86,11 @@ pub struct PoolOptions {
     pub connect_timeout: Duration,
     /// The schema to set as `search_path` on every connection.
     pub schema: Option<String>,
+    /// How long a session may sit idle inside a transaction before the
+    /// server ends it (invariant 6).
+    pub idle_in_transaction_timeout: Duration,
+    /// How long a statement waits for a lock (invariant 6).
+    pub lock_timeout: Duration,
 }
 
 impl Default for PoolOptions {
@@ -85,6 +99,8 @@ impl Default for PoolOptions {
             max_size: 16,
             connect_timeout: Duration::from_secs(10),
             schema: None,
+            idle_in_transaction_timeout: Duration::from_secs(2),
+            lock_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -97,18 +113,30 @@ pub fn pool(url: &str, options: &PoolOptions) -> Result<Pool, PostgresError> {
         PostgresError::Invalid(format!("postgres url {}: {e}", mask_url(url)))
     };
     let mut config = tokio_postgres::Config::from_str(url).map_err(|e| invalid(&e))?;
+    // Startup options: `-c name=value` each, after what the URL gives.
+    let mut startup: Vec<String> = config
+        .get_options()
+        .filter(|o| !o.is_empty())
+        .map(str::to_owned)
+        .into_iter()
+        .collect();
     if let Some(schema) = &options.schema {
         if !is_identifier(schema) {
             return Err(PostgresError::Invalid(format!(
                 "postgres schema \"{schema}\" is not a plain SQL identifier"
             )));
         }
-        let startup = match config.get_options() {
-            Some(o) if !o.is_empty() => format!("{o} -c search_path={schema}"),
-            _ => format!("-c search_path={schema}"),
-        };
-        config.options(startup);
+        startup.push(format!("-c search_path={schema}"));
     }
+    startup.push(format!(
+        "-c idle_in_transaction_session_timeout={}",
+        options.idle_in_transaction_timeout.as_millis()
+    ));
+    startup.push(format!(
+        "-c lock_timeout={}",
+        options.lock_timeout.as_millis()
+    ));
+    config.options(startup.join(" "));
     config.connect_timeout(options.connect_timeout);
     let manager_config = ManagerConfig {
         recycling_method: RecyclingMethod::Fast,
@@ -210,10 +238,13 @@ pub struct Migrations<'a> {
     pub schema: Option<&'a str>,
 }
 
-/// Brings the tables of `m` up to date (invariant 4). Returns the version
+/// Brings the tables of `m` up to date (invariant 5). Returns the version
 /// the database had before.
 pub async fn migrate(client: &mut Client, m: &Migrations<'_>) -> Result<i64, PostgresError> {
     let tx = client.transaction().await?;
+    // A migration waits for other processes' migrations and for the locks
+    // its DDL needs however long they take (invariant 6).
+    tx.batch_execute("SET LOCAL lock_timeout = 0").await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await?;
     if let Some(schema) = m.schema {

@@ -165,3 +165,51 @@ impl LeaseStore for PostgresLeaseStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stores::conformance::{postgres_database, t};
+
+    /// A holder paused inside a renewal (its row locked, the transaction
+    /// open) does not stop another agent taking the lapsed lease for long:
+    /// the server ends the paused session (`super`'s invariant 5), and the
+    /// new grant is the next version.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_holder_paused_inside_a_renewal_does_not_block_the_takeover() {
+        let (options, _database) = postgres_database().await;
+        let first = PostgresLeaseStore::open(options.clone())
+            .await
+            .expect("open");
+        let second = PostgresLeaseStore::open(options).await.expect("open");
+        let ttl = Duration::from_secs(3);
+        let Ok(Acquired::Granted(lease)) = first.acquire("k", "a", ttl, t(0)).await else {
+            panic!("the first acquire was not granted");
+        };
+        let mut paused = first.db.client().await.expect("client");
+        let paused = paused.transaction().await.expect("begin");
+        paused
+            .query_one(
+                &format!("SELECT {COLUMNS} FROM ferry_leases WHERE key = $1 FOR UPDATE"),
+                &[&"k"],
+            )
+            .await
+            .expect("lock");
+
+        let takeover = tokio::time::timeout(
+            Duration::from_secs(30),
+            second.acquire("k", "b", ttl, t(10)),
+        )
+        .await
+        .expect("the acquire waited on the paused holder's lock for 30 s");
+        let Ok(Acquired::Granted(taken)) = takeover else {
+            panic!("the lapsed lease was not granted: {takeover:?}");
+        };
+        assert_eq!(
+            (taken.holder.as_str(), taken.version),
+            ("b", lease.version + 1)
+        );
+        let late = paused.execute("DELETE FROM ferry_leases", &[]).await;
+        assert!(late.is_err(), "the paused session was not ended: {late:?}");
+    }
+}

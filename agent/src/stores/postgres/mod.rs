@@ -26,6 +26,13 @@
 //!    store's own decisions (`Stale`, `NotFound`, ...) are certain.
 //! 4. The outbox ([`outbox`]) and the lease store ([`lease`]) state how they
 //!    keep the stores' invariants (`crate::stores`) under concurrent agents.
+//! 5. **A paused agent does not hold the others up.** Its row locks (the
+//!    lease row, the outbox's partition row) last until its transaction
+//!    ends; a session idle inside a transaction for 2 s is ended by the
+//!    server (`ferry_shared::postgres`, invariant 6), which rolls it back.
+//!    So a drainer frozen mid-transaction delays the next holder's claim by
+//!    at most that, well inside a lease TTL; its own next statement fails
+//!    (`Unavailable`) and the fence refuses whatever it does after.
 //!
 //! Times are stored as nanoseconds since the Unix epoch (`BIGINT`, exact
 //! round trips); envelopes as [`Envelope::encode`](ferry_shared::envelope::Envelope::encode).
@@ -115,6 +122,7 @@ impl Db {
                 max_size: options.pool_size,
                 connect_timeout: options.connect_timeout,
                 schema: options.schema.clone(),
+                ..PoolOptions::default()
             },
         )
         .map_err(shared_error)?;

@@ -863,4 +863,34 @@ mod tests {
         assert_eq!(second.complete("p", 2, &[1, 2]).await, Ok(vec![1, 2]));
         assert_eq!(first.envelopes("p").await, Ok(0));
     }
+
+    /// A holder paused inside a completion (the partition row locked at its
+    /// version, the transaction open) does not stop the next holder's claim
+    /// for long: the server ends the paused session (invariant 5 of the
+    /// module), the claim goes through, and the paused transaction can no
+    /// longer commit anything.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_holder_paused_inside_a_transaction_does_not_block_the_next() {
+        let (options, _database) = postgres_database().await;
+        let first = PostgresOutboxStore::open(options.clone())
+            .await
+            .expect("open");
+        let second = PostgresOutboxStore::open(options).await.expect("open");
+        first.append("p", message("m")).await.expect("append");
+        first.claim("p", "a", 1, 10, t(1)).await.expect("claim");
+        let mut paused = first.db.client().await.expect("client");
+        let paused = paused.transaction().await.expect("begin");
+        paused.query_one(FENCE, &[&"p"]).await.expect("fence");
+
+        let takeover =
+            tokio::time::timeout(Duration::from_secs(30), second.claim("p", "b", 2, 10, t(2)))
+                .await
+                .expect("the claim waited on the paused holder's lock for 30 s");
+        assert_eq!(takeover.expect("claim").len(), 2);
+        let late = paused
+            .execute("DELETE FROM ferry_outbox_records", &[])
+            .await;
+        assert!(late.is_err(), "the paused session was not ended: {late:?}");
+        assert_eq!(second.complete("p", 2, &[1, 2]).await, Ok(vec![1, 2]));
+    }
 }
