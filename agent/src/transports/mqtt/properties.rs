@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime};
 use ferry_shared::envelope::{
     Envelope, MESSAGE_ID_HEADER, RESERVED_HEADER_PREFIX, Source, TraceContext,
 };
+use prost::bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
 
 use super::protocol::Received;
@@ -79,7 +80,12 @@ pub(crate) fn envelope_from(
     let envelope = Envelope {
         id,
         headers,
-        payload: received.payload,
+        // A copy, not the received view: that view shares the connection's
+        // read buffer (32 KiB or more per read), and a delivery waiting in
+        // the receiver's queue would keep the whole buffer alive — a few
+        // packets per read made each waiting delivery cost kilobytes
+        // (`docs/benchmarks.md`, 2026-12-02, session 27).
+        payload: Bytes::copy_from_slice(&received.payload),
         content_type: properties.content_type.filter(|c| !c.is_empty()),
         source: Source {
             transport: "mqtt".into(),
@@ -134,8 +140,6 @@ pub(crate) fn publish_size(topic: &str, payload: usize, properties: &PublishProp
 
 #[cfg(test)]
 mod tests {
-    use prost::bytes::Bytes;
-
     use super::*;
     use crate::transports::mqtt::settings::Qos;
 
@@ -148,6 +152,25 @@ mod tests {
             payload: Bytes::from_static(b"hello"),
             properties,
         }
+    }
+
+    /// The envelope owns its payload: a view into the connection's read
+    /// buffer would keep the whole buffer alive while the delivery waits.
+    #[test]
+    fn the_payload_is_copied_out_of_the_read_buffer() {
+        let read_buffer = Bytes::from(vec![7_u8; 32 * 1024]);
+        let received = Received {
+            payload: read_buffer.slice(100..356),
+            ..received(None)
+        };
+        let (envelope, defect) = envelope_from(received, "s", 1024, false, SystemTime::now());
+        assert_eq!((envelope.payload.len(), defect), (256, None));
+        assert!(
+            !read_buffer
+                .as_ptr_range()
+                .contains(&envelope.payload.as_ptr()),
+            "the payload still points into the read buffer"
+        );
     }
 
     #[test]
