@@ -25,6 +25,13 @@ const DELIVERY: Duration = Duration::from_secs(120);
 /// The session's `lease_ttl` ([`Bridge::new`]'s `3s`), for the printed figures.
 const LEASE_TTL: Duration = Duration::from_secs(3);
 
+/// The DynamoDB test's `lease_ttl`. moto serves one DynamoDB request at a time and copies a
+/// table for every transaction: while the new holder's first claim voids the old claims, its
+/// lease renewals wait behind those requests, and on a slow machine a 3 s lease lapsed before
+/// its renewal came back, again and again (first send 23–110 s after the kill). DynamoDB
+/// itself serves requests concurrently in milliseconds.
+const MOTO_LEASE_TTL: Duration = Duration::from_secs(10);
+
 /// The session's `drain_batch_size` ([`Bridge::new`]'s `100`).
 const DRAIN_BATCH: u64 = 100;
 
@@ -194,9 +201,17 @@ pub async fn killed_drainer_is_replaced(
     stores: String,
     env: Vec<(String, String)>,
     lease: &str,
+    lease_ttl: Duration,
     n: u64,
 ) -> anyhow::Result<Duration> {
-    let mut pair = Pair::start(stores, env, |_| {}).await?;
+    let mut pair = Pair::start(stores, env, |bridge| {
+        for option in &mut bridge.session {
+            if option.starts_with("lease_ttl:") {
+                *option = format!("lease_ttl: {}s", lease_ttl.as_secs());
+            }
+        }
+    })
+    .await?;
     let publisher = pair.publish(0..n, 150, Duration::from_millis(100));
     let drainer = drainer(&pair, n).await?;
     pair.agents[drainer].kill()?;
@@ -211,14 +226,15 @@ pub async fn killed_drainer_is_replaced(
     wait::until(DELIVERY, "a send by the survivor", || {
         std::future::ready(pair.sent(survivor) > 0)
     })
-    .await?;
+    .await
+    .map_err(|e| e.context(pair.agents[survivor].tail()))?;
     let failover = killed.elapsed();
     println!(
         "failover ({lease} lease): kill of agent {drainer} -> lease held by the survivor: {} ms, \
          -> its first send: {} ms (lease_ttl {} s; {at_kill} deliveries before)",
         takeover.as_millis(),
         failover.as_millis(),
-        LEASE_TTL.as_secs()
+        lease_ttl.as_secs()
     );
     publisher.await??;
     pair.conserved(n).await?;
@@ -234,6 +250,7 @@ async fn a_killed_drainer_is_replaced_by_the_other_agent_and_nothing_is_lost() -
         postgres_stores(&url, &postgres_lease(&url)),
         Vec::new(),
         "postgres",
+        LEASE_TTL,
         1500,
     )
     .await?;
@@ -269,7 +286,7 @@ async fn a_killed_drainer_is_replaced_by_the_other_agent_on_dynamodb() -> anyhow
         table("lease"),
         table("dlq")
     );
-    killed_drainer_is_replaced(stores, env, "dynamodb", 90).await?;
+    killed_drainer_is_replaced(stores, env, "dynamodb", MOTO_LEASE_TTL, 90).await?;
     Ok(())
 }
 
@@ -288,6 +305,7 @@ async fn a_killed_drainer_is_replaced_under_a_control_plane_lease() -> anyhow::R
         postgres_stores(&url, &lease),
         Vec::new(),
         "control_plane",
+        LEASE_TTL,
         1500,
     )
     .await?;
