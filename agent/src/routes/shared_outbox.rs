@@ -52,7 +52,7 @@ use super::hold::StoreHold;
 use super::{Failure, RouteBinding, RouteIdentity, delivery_dlq_id, dispose, with_ttl};
 use crate::metrics::RouteMetrics;
 use crate::spans::{self, MessageSpan};
-use crate::stores::{DlqReason, DlqStore, NewMessage, NewRecord, OutboxStore};
+use crate::stores::{BoxFuture, DlqReason, DlqStore, NewMessage, NewRecord, OutboxStore};
 use crate::transports::{Delivery, Outcome, Receiver};
 
 /// How often a stopped writer re-reads the partition depth from the store,
@@ -379,51 +379,57 @@ impl Running {
 
     /// Applies `action` on every binding (a message that never reached the
     /// outbox); a DLQ write that fails is held and retried.
-    async fn dispose_all(
-        &self,
-        envelope: &Envelope,
+    ///
+    /// Boxed: this cold path's future would otherwise be part of every
+    /// delivery's, which the run loop moves into its set in flight for every
+    /// message (issue 15).
+    fn dispose_all<'a>(
+        &'a self,
+        envelope: &'a Envelope,
         action: FailureAction,
-        failure: &Failure,
-        shutdown: &CancellationToken,
-    ) -> Outcome {
-        let w = &self.writer;
-        let mut outcome = Outcome::StoreFailure;
-        for b in &w.bindings {
-            let written = self
-                .hold
-                .retry(
-                    &w.identity.route_id,
-                    w.policy.retry_backoff.initial_interval.get(),
-                    shutdown,
-                    || {
-                        let span = spans::dispose(
-                            spans::disposal_name(failure.reason),
-                            &b.id,
-                            failure.reason.as_str(),
-                            &envelope.trace,
-                        );
-                        span.instrument(dispose(
-                            &w.identity,
-                            w.dlq.as_ref(),
-                            action,
-                            b,
-                            delivery_dlq_id(envelope, &b.id),
-                            envelope,
-                            failure.clone(),
-                            envelope.source.received_at,
-                            true,
-                        ))
-                    },
-                )
-                .await;
-            match written {
-                Some(o) => outcome = o,
-                // Shutdown: the source redelivers it; the bindings already
-                // written are idempotent by their DLQ id.
-                None => return Outcome::Shutdown,
+        failure: &'a Failure,
+        shutdown: &'a CancellationToken,
+    ) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            let w = &self.writer;
+            let mut outcome = Outcome::StoreFailure;
+            for b in &w.bindings {
+                let written = self
+                    .hold
+                    .retry(
+                        &w.identity.route_id,
+                        w.policy.retry_backoff.initial_interval.get(),
+                        shutdown,
+                        || {
+                            let span = spans::dispose(
+                                spans::disposal_name(failure.reason),
+                                &b.id,
+                                failure.reason.as_str(),
+                                &envelope.trace,
+                            );
+                            span.instrument(dispose(
+                                &w.identity,
+                                w.dlq.as_ref(),
+                                action,
+                                b,
+                                delivery_dlq_id(envelope, &b.id),
+                                envelope,
+                                failure.clone(),
+                                envelope.source.received_at,
+                                true,
+                            ))
+                        },
+                    )
+                    .await;
+                match written {
+                    Some(o) => outcome = o,
+                    // Shutdown: the source redelivers it; the bindings already
+                    // written are idempotent by their DLQ id.
+                    None => return Outcome::Shutdown,
+                }
             }
-        }
-        outcome
+            outcome
+        })
     }
 
     /// One append of a record per binding, held and retried while it fails.

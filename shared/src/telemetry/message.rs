@@ -31,6 +31,8 @@ use std::future::Future;
 use std::str::FromStr as _;
 use std::sync::RwLock;
 
+use futures::FutureExt as _;
+use futures::future::Either;
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt as _, TraceFlags, TraceId, TraceState,
     Tracer as _,
@@ -62,8 +64,11 @@ pub(super) fn current_ids() -> Option<(TraceId, SpanId)> {
 }
 
 /// One span of a message's journey through the agent, or the disabled span.
+///
+/// Boxed: an SDK span is a few hundred bytes, and the disabled one is carried
+/// through every delivery's future all the same (see [`MessageSpan::scope`]).
 #[derive(Debug, Default)]
-pub struct MessageSpan(Option<opentelemetry_sdk::trace::Span>);
+pub struct MessageSpan(Option<Box<opentelemetry_sdk::trace::Span>>);
 
 /// What a new span's parent is.
 #[derive(Clone, Copy, Debug)]
@@ -96,7 +101,7 @@ impl MessageSpan {
         let parent = match parent {
             Parent::Carried(carried) => parse(carried),
             Parent::Span(span) => match &span.0 {
-                Some(span) => Some(opentelemetry::trace::Span::span_context(span).clone()),
+                Some(span) => Some(opentelemetry::trace::Span::span_context(span.as_ref()).clone()),
                 None => return Self::none(),
             },
         };
@@ -113,7 +118,7 @@ impl MessageSpan {
             .span_builder(name)
             .with_kind(kind)
             .with_attributes(attributes());
-        Self(Some(tracer.build_with_context(builder, &parent)))
+        Self(Some(Box::new(tracer.build_with_context(builder, &parent))))
     }
 
     /// Whether this is the disabled span.
@@ -135,34 +140,44 @@ impl MessageSpan {
     /// Adds an attribute.
     pub fn set_attribute(&mut self, attribute: KeyValue) {
         if let Some(span) = &mut self.0 {
-            opentelemetry::trace::Span::set_attribute(span, attribute);
+            opentelemetry::trace::Span::set_attribute(span.as_mut(), attribute);
         }
     }
 
     /// Marks the span failed with `description`.
     pub fn set_error(&mut self, description: impl Into<Cow<'static, str>>) {
         if let Some(span) = &mut self.0 {
-            opentelemetry::trace::Span::set_status(span, Status::error(description));
+            opentelemetry::trace::Span::set_status(span.as_mut(), Status::error(description));
         }
     }
 
     /// Runs `future` inside this span: log lines written meanwhile name it.
-    pub async fn scope<F: Future>(&self, future: F) -> F::Output {
+    ///
+    /// A function returning a future rather than an `async fn`, here and in
+    /// [`MessageSpan::instrument`]: an `async fn` keeps its argument beside
+    /// the future it awaits, so each wrapper doubled the size of what it
+    /// wrapped, and the routes move a whole per-delivery future into their
+    /// set of deliveries in flight, for every message (`docs/benchmarks.md`,
+    /// issue 15).
+    pub fn scope<F: Future>(&self, future: F) -> impl Future<Output = F::Output> + use<F> {
         match self.span_context() {
-            Some(sc) => CURRENT.scope((sc.trace_id(), sc.span_id()), future).await,
-            None => future.await,
+            Some(sc) => Either::Left(CURRENT.scope((sc.trace_id(), sc.span_id()), future)),
+            None => Either::Right(future),
         }
     }
 
     /// Runs `future` inside this span, which ends when `future` is done (or
     /// dropped): the owning form of [`MessageSpan::scope`], for a future
     /// returned to a caller.
-    pub async fn instrument<F: Future>(self, future: F) -> F::Output {
-        self.scope(future).await
+    pub fn instrument<F: Future>(self, future: F) -> impl Future<Output = F::Output> {
+        self.scope(future).map(move |output| {
+            drop(self);
+            output
+        })
     }
 
     fn span_context(&self) -> Option<&SpanContext> {
-        let sc = opentelemetry::trace::Span::span_context(self.0.as_ref()?);
+        let sc = opentelemetry::trace::Span::span_context(self.0.as_deref()?);
         sc.is_valid().then_some(sc)
     }
 }
@@ -309,6 +324,25 @@ mod tests {
     /// `is_tracing` and the tracer are process-wide: the tests that read or
     /// set them take turns.
     static GLOBAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    /// The wrappers add a few words to what they wrap, not a copy of it:
+    /// the routes move every delivery's future, spans and all, once per
+    /// message (issue 15).
+    #[test]
+    fn wrapping_a_future_does_not_double_its_size() {
+        let payload = [7u8; 4096];
+        let inner = || async move { payload.len() };
+        let bare = std::mem::size_of_val(&inner());
+        let span = MessageSpan::none();
+        let scoped = std::mem::size_of_val(&span.scope(inner()));
+        let instrumented = std::mem::size_of_val(&MessageSpan::none().instrument(inner()));
+        assert!(scoped <= bare + 256, "scope: {scoped} bytes around {bare}");
+        assert!(
+            instrumented <= bare + 256,
+            "instrument: {instrumented} bytes around {bare}"
+        );
+        assert_eq!(std::mem::size_of::<MessageSpan>(), 8, "a boxed span");
+    }
 
     #[tokio::test]
     async fn tracing_off_makes_only_disabled_spans() {
