@@ -20,6 +20,7 @@ macro_rules! outbox_conformance {
             complete_deletes_only_records_claimed_with_its_version,
             release_counted_and_uncounted,
             stale_own_claim_comes_back,
+            stale_claims_are_found_among_fresh_foreign_and_pending_ones,
             expire_claims_only_pending_past_expiry,
             stats_match_records,
             partitions_are_independent,
@@ -334,6 +335,37 @@ pub(crate) async fn stale_own_claim_comes_back<S: OutboxHarness + OutboxStore>(s
     let c = back[0].claim.as_ref().expect("claimed");
     assert_eq!(c.claimed_at, t(10) + STALE);
     assert!(back.iter().all(|r| r.replay_count == 0));
+}
+
+/// A claim takes back exactly this owner's stale claims, wherever they lie
+/// among fresh claims, another owner's claims and released records.
+pub(crate) async fn stale_claims_are_found_among_fresh_foreign_and_pending_ones<
+    S: OutboxHarness + OutboxStore,
+>(
+    s: S,
+) {
+    let p = unique("p");
+    let mut appended = Vec::new();
+    for _ in 0..6 {
+        appended.extend(append_n(&s, &p, &["a"]).await);
+    }
+    let claim = |owner: &'static str, limit, at| {
+        let (s, p) = (&s, &p);
+        async move { seqs(&s.claim(p, owner, 1, limit, at).await.expect("claim")) }
+    };
+    assert_eq!(claim("A", 2, t(10)).await, appended[0..2]);
+    assert_eq!(claim("B", 1, t(10)).await, appended[2..3]);
+    assert_eq!(claim("A", 2, t(20)).await, appended[3..5]);
+    let released = s
+        .release(&p, 1, &appended[3..4], Release::Untried)
+        .await
+        .expect("release");
+    assert_eq!(released, appended[3..4]);
+    // A's first two are stale, the fourth and sixth pending; B's claim and
+    // A's fresh one stay where they are.
+    let back = claim("A", 10, t(10) + STALE).await;
+    let expected: Vec<u64> = [0, 1, 3, 5].iter().map(|&i| appended[i]).collect();
+    assert_eq!(back, expected);
 }
 
 pub(crate) async fn expire_claims_only_pending_past_expiry<S: OutboxHarness + OutboxStore>(s: S) {

@@ -311,23 +311,33 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     let stale_ns = i64::try_from(a.stale_after.as_nanos()).unwrap_or(i64::MAX);
     let limit = sql_limit(a.limit);
     // The oldest `limit` of the pending records and of this owner's claims
-    // old enough to be taken back: two range scans of the (pid, state, seq)
-    // index, merged here. The index is named: without statistics SQLite
-    // prefers scanning the whole partition by primary key for the second
-    // scan (a `WITHOUT ROWID` table's index costs a key lookup per row), a
-    // millisecond per claim with a backlog. Selecting and then marking by
-    // seq range costs less than one `UPDATE … WHERE seq IN (…) RETURNING`,
-    // which builds two ephemeral tables per call.
+    // old enough to be taken back, merged here. Selecting and then marking
+    // by seq range costs less than one `UPDATE … WHERE seq IN (…)
+    // RETURNING`, which builds two ephemeral tables per call.
+    //
+    // The pending ones: a range scan of the (pid, state, seq) index. The
+    // index is named: without statistics SQLite may prefer the primary key.
     let mut rows = selected(
         conn,
         &format!("SELECT {COLUMNS} FROM {BY_STATE} WHERE pid=?1 AND state=0 ORDER BY seq LIMIT ?2"),
         params![pid, limit],
     )?;
+    // The stale ones: the state index does not hold a claim's owner and
+    // time, so scanning it costs a primary-key lookup per claimed record —
+    // and the drainer keeps up to three batches claimed, all read by every
+    // claim. The rows between the lowest and the highest claimed seq (two
+    // seeks of the index) are read in key order instead: claims take the
+    // oldest pending records, so that range is the claimed records and the
+    // few released among them (an expired record claimed far ahead widens it
+    // until its completion commits). The primary key is forced: scanning
+    // the whole partition by it, or the index by a seq range, costs more.
     rows.extend(selected(
         conn,
         &format!(
-            "SELECT {COLUMNS} FROM {BY_STATE} WHERE pid=?1 AND state=1 AND claim_owner=?3 \
-             AND claimed_at_ns<=?4 ORDER BY seq LIMIT ?2"
+            "SELECT {COLUMNS} FROM outbox_records NOT INDEXED WHERE pid=?1 AND seq BETWEEN \
+               (SELECT MIN(seq) FROM {BY_STATE} WHERE pid=?1 AND state=1) \
+               AND (SELECT MAX(seq) FROM {BY_STATE} WHERE pid=?1 AND state=1) \
+             AND state=1 AND claim_owner=?3 AND claimed_at_ns<=?4 ORDER BY seq LIMIT ?2"
         ),
         params![pid, limit, a.owner, now.saturating_sub(stale_ns)],
     )?);
