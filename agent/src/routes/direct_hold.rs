@@ -42,8 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::hold::StoreHold;
 use super::{
-    Failure, RetryBackoff, RouteBinding, RouteIdentity, delivery_dlq_id, dispose,
-    permanent_failure, with_ttl,
+    Failure, RetryBackoff, RouteBinding, RouteIdentity, dispose_held, permanent_failure, with_ttl,
 };
 use crate::metrics::{RouteMetrics, Terminal};
 use crate::spans;
@@ -304,33 +303,18 @@ impl Running {
     ) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
             let route = &self.route;
-            let written = self
-                .hold
-                .retry(
-                    &route.identity.route_id,
-                    route.policy.retry_backoff.initial_interval.get(),
-                    shutdown,
-                    || {
-                        let span = spans::dispose(
-                            spans::disposal_name(failure.reason),
-                            &route.binding.id,
-                            failure.reason.as_str(),
-                            &envelope.trace,
-                        );
-                        span.instrument(dispose(
-                            &route.identity,
-                            route.dlq.as_ref(),
-                            action,
-                            &route.binding,
-                            delivery_dlq_id(envelope, &route.binding.id),
-                            envelope,
-                            failure.clone(),
-                            envelope.source.received_at,
-                            true,
-                        ))
-                    },
-                )
-                .await;
+            let written = dispose_held(
+                &self.hold,
+                route.policy.retry_backoff.initial_interval.get(),
+                shutdown,
+                &route.identity,
+                route.dlq.as_ref(),
+                action,
+                &route.binding,
+                envelope,
+                &failure,
+            )
+            .await;
             written.unwrap_or_else(|| {
                 tracing::info!(route = %route.identity.route_id, message_id = %envelope.id, "shutting down with a dlq write still failing; left to the source");
                 Outcome::StoreFailure

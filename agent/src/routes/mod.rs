@@ -29,8 +29,12 @@ use std::time::SystemTime;
 
 use ferry_shared::config::FailureAction;
 use ferry_shared::envelope::Envelope;
+use tokio_util::sync::CancellationToken;
+
+use hold::StoreHold;
 
 use crate::metrics::{BindingMetrics, Terminal};
+use crate::spans;
 use crate::stores::{DlqEntry, DlqReason, DlqStore, StoreError};
 use crate::transports::{Outcome, SendError};
 
@@ -151,6 +155,44 @@ pub async fn dispose(
         .metrics
         .finished(terminal, 1, now.duration_since(latency_from).ok());
     Ok(outcome)
+}
+
+/// [`dispose`] of a delivery that has no outbox record (so it is counted as
+/// received too), in its disposal span. A DLQ write that fails holds the
+/// delivery and is retried by `hold`, from `first_delay` on, until it
+/// succeeds (`Some`) or `shutdown` (`None`: the source redelivers it).
+#[allow(clippy::too_many_arguments)]
+async fn dispose_held(
+    hold: &StoreHold,
+    first_delay: std::time::Duration,
+    shutdown: &CancellationToken,
+    identity: &RouteIdentity,
+    dlq: Option<&Arc<dyn DlqStore>>,
+    action: FailureAction,
+    binding: &RouteBinding,
+    envelope: &Envelope,
+    failure: &Failure,
+) -> Option<Outcome> {
+    hold.retry(&identity.route_id, first_delay, shutdown, || {
+        let span = spans::dispose(
+            spans::disposal_name(failure.reason),
+            &binding.id,
+            failure.reason.as_str(),
+            &envelope.trace,
+        );
+        span.instrument(dispose(
+            identity,
+            dlq,
+            action,
+            binding,
+            delivery_dlq_id(envelope, &binding.id),
+            envelope,
+            failure.clone(),
+            envelope.source.received_at,
+            true,
+        ))
+    })
+    .await
 }
 
 /// [`dispose`] without counting: writes the DLQ entry (or logs the drop) and

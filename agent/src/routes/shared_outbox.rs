@@ -49,7 +49,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::hold::StoreHold;
-use super::{Failure, RouteBinding, RouteIdentity, delivery_dlq_id, dispose, with_ttl};
+use super::{Failure, RouteBinding, RouteIdentity, dispose_held, with_ttl};
 use crate::metrics::RouteMetrics;
 use crate::spans::{self, MessageSpan};
 use crate::stores::{BoxFuture, DlqReason, DlqStore, NewMessage, NewRecord, OutboxStore};
@@ -394,33 +394,18 @@ impl Running {
             let w = &self.writer;
             let mut outcome = Outcome::StoreFailure;
             for b in &w.bindings {
-                let written = self
-                    .hold
-                    .retry(
-                        &w.identity.route_id,
-                        w.policy.retry_backoff.initial_interval.get(),
-                        shutdown,
-                        || {
-                            let span = spans::dispose(
-                                spans::disposal_name(failure.reason),
-                                &b.id,
-                                failure.reason.as_str(),
-                                &envelope.trace,
-                            );
-                            span.instrument(dispose(
-                                &w.identity,
-                                w.dlq.as_ref(),
-                                action,
-                                b,
-                                delivery_dlq_id(envelope, &b.id),
-                                envelope,
-                                failure.clone(),
-                                envelope.source.received_at,
-                                true,
-                            ))
-                        },
-                    )
-                    .await;
+                let written = dispose_held(
+                    &self.hold,
+                    w.policy.retry_backoff.initial_interval.get(),
+                    shutdown,
+                    &w.identity,
+                    w.dlq.as_ref(),
+                    action,
+                    b,
+                    envelope,
+                    failure,
+                )
+                .await;
                 match written {
                     Some(o) => outcome = o,
                     // Shutdown: the source redelivers it; the bindings already
