@@ -46,7 +46,7 @@ use super::{
 };
 use crate::metrics::{RouteMetrics, Terminal};
 use crate::spans;
-use crate::stores::{BoxFuture, DlqReason, DlqStore};
+use crate::stores::{DlqReason, DlqStore};
 use crate::transports::{Address, Delivery, Outcome, Receiver, Sender};
 
 /// One `direct_hold` route.
@@ -290,35 +290,29 @@ impl Running {
 
     /// Applies `action`; a DLQ write that fails holds the delivery and is
     /// retried (intake paused) until it succeeds or the route shuts down.
-    ///
-    /// Boxed: this cold path's future would otherwise be part of every
-    /// delivery's, which the run loop moves into its set in flight for every
-    /// message (issue 15).
-    fn fail<'a>(
-        &'a self,
-        envelope: &'a Envelope,
+    async fn fail(
+        &self,
+        envelope: &Envelope,
         action: ferry_shared::config::FailureAction,
         failure: Failure,
-        shutdown: &'a CancellationToken,
-    ) -> BoxFuture<'a, Outcome> {
-        Box::pin(async move {
-            let route = &self.route;
-            let written = dispose_held(
-                &self.hold,
-                route.policy.retry_backoff.initial_interval.get(),
-                shutdown,
-                &route.identity,
-                route.dlq.as_ref(),
-                action,
-                &route.binding,
-                envelope,
-                &failure,
-            )
-            .await;
-            written.unwrap_or_else(|| {
-                tracing::info!(route = %route.identity.route_id, message_id = %envelope.id, "shutting down with a dlq write still failing; left to the source");
-                Outcome::StoreFailure
-            })
+        shutdown: &CancellationToken,
+    ) -> Outcome {
+        let route = &self.route;
+        let written = dispose_held(
+            &self.hold,
+            route.policy.retry_backoff.initial_interval.get(),
+            shutdown,
+            &route.identity,
+            route.dlq.as_ref(),
+            action,
+            &route.binding,
+            envelope,
+            &failure,
+        )
+        .await;
+        written.unwrap_or_else(|| {
+            tracing::info!(route = %route.identity.route_id, message_id = %envelope.id, "shutting down with a dlq write still failing; left to the source");
+            Outcome::StoreFailure
         })
     }
 }

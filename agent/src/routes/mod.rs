@@ -35,7 +35,7 @@ use hold::StoreHold;
 
 use crate::metrics::{BindingMetrics, Terminal};
 use crate::spans;
-use crate::stores::{DlqEntry, DlqReason, DlqStore, StoreError};
+use crate::stores::{BoxFuture, DlqEntry, DlqReason, DlqStore, StoreError};
 use crate::transports::{Outcome, SendError};
 
 pub use redrive::Redrive;
@@ -161,38 +161,43 @@ pub async fn dispose(
 /// received too), in its disposal span. A DLQ write that fails holds the
 /// delivery and is retried by `hold`, from `first_delay` on, until it
 /// succeeds (`Some`) or `shutdown` (`None`: the source redelivers it).
+///
+/// Boxed: the routes await it for the rare message they cannot forward, and
+/// unboxed its future would be part of every delivery's, which their run
+/// loops move into the set in flight for every message (issue 15).
 #[allow(clippy::too_many_arguments)]
-async fn dispose_held(
-    hold: &StoreHold,
+fn dispose_held<'a>(
+    hold: &'a StoreHold,
     first_delay: std::time::Duration,
-    shutdown: &CancellationToken,
-    identity: &RouteIdentity,
-    dlq: Option<&Arc<dyn DlqStore>>,
+    shutdown: &'a CancellationToken,
+    identity: &'a RouteIdentity,
+    dlq: Option<&'a Arc<dyn DlqStore>>,
     action: FailureAction,
-    binding: &RouteBinding,
-    envelope: &Envelope,
-    failure: &Failure,
-) -> Option<Outcome> {
-    hold.retry(&identity.route_id, first_delay, shutdown, || {
-        let span = spans::dispose(
-            spans::disposal_name(failure.reason),
-            &binding.id,
-            failure.reason.as_str(),
-            &envelope.trace,
-        );
-        span.instrument(dispose(
-            identity,
-            dlq,
-            action,
-            binding,
-            delivery_dlq_id(envelope, &binding.id),
-            envelope,
-            failure.clone(),
-            envelope.source.received_at,
-            true,
-        ))
-    })
-    .await
+    binding: &'a RouteBinding,
+    envelope: &'a Envelope,
+    failure: &'a Failure,
+) -> BoxFuture<'a, Option<Outcome>> {
+    Box::pin(
+        hold.retry(&identity.route_id, first_delay, shutdown, move || {
+            let span = spans::dispose(
+                spans::disposal_name(failure.reason),
+                &binding.id,
+                failure.reason.as_str(),
+                &envelope.trace,
+            );
+            span.instrument(dispose(
+                identity,
+                dlq,
+                action,
+                binding,
+                delivery_dlq_id(envelope, &binding.id),
+                envelope,
+                failure.clone(),
+                envelope.source.received_at,
+                true,
+            ))
+        }),
+    )
 }
 
 /// [`dispose`] without counting: writes the DLQ entry (or logs the drop) and

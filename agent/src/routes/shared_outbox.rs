@@ -52,7 +52,7 @@ use super::hold::StoreHold;
 use super::{Failure, RouteBinding, RouteIdentity, dispose_held, with_ttl};
 use crate::metrics::RouteMetrics;
 use crate::spans::{self, MessageSpan};
-use crate::stores::{BoxFuture, DlqReason, DlqStore, NewMessage, NewRecord, OutboxStore};
+use crate::stores::{DlqReason, DlqStore, NewMessage, NewRecord, OutboxStore};
 use crate::transports::{Delivery, Outcome, Receiver};
 
 /// How often a stopped writer re-reads the partition depth from the store,
@@ -379,42 +379,36 @@ impl Running {
 
     /// Applies `action` on every binding (a message that never reached the
     /// outbox); a DLQ write that fails is held and retried.
-    ///
-    /// Boxed: this cold path's future would otherwise be part of every
-    /// delivery's, which the run loop moves into its set in flight for every
-    /// message (issue 15).
-    fn dispose_all<'a>(
-        &'a self,
-        envelope: &'a Envelope,
+    async fn dispose_all(
+        &self,
+        envelope: &Envelope,
         action: FailureAction,
-        failure: &'a Failure,
-        shutdown: &'a CancellationToken,
-    ) -> BoxFuture<'a, Outcome> {
-        Box::pin(async move {
-            let w = &self.writer;
-            let mut outcome = Outcome::StoreFailure;
-            for b in &w.bindings {
-                let written = dispose_held(
-                    &self.hold,
-                    w.policy.retry_backoff.initial_interval.get(),
-                    shutdown,
-                    &w.identity,
-                    w.dlq.as_ref(),
-                    action,
-                    b,
-                    envelope,
-                    failure,
-                )
-                .await;
-                match written {
-                    Some(o) => outcome = o,
-                    // Shutdown: the source redelivers it; the bindings already
-                    // written are idempotent by their DLQ id.
-                    None => return Outcome::Shutdown,
-                }
+        failure: &Failure,
+        shutdown: &CancellationToken,
+    ) -> Outcome {
+        let w = &self.writer;
+        let mut outcome = Outcome::StoreFailure;
+        for b in &w.bindings {
+            let written = dispose_held(
+                &self.hold,
+                w.policy.retry_backoff.initial_interval.get(),
+                shutdown,
+                &w.identity,
+                w.dlq.as_ref(),
+                action,
+                b,
+                envelope,
+                failure,
+            )
+            .await;
+            match written {
+                Some(o) => outcome = o,
+                // Shutdown: the source redelivers it; the bindings already
+                // written are idempotent by their DLQ id.
+                None => return Outcome::Shutdown,
             }
-            outcome
-        })
+        }
+        outcome
     }
 
     /// One append of a record per binding, held and retried while it fails.
