@@ -1,5 +1,5 @@
 //! The SQLite outbox: the envelope stored once per message, a narrow row per
-//! binding (`docs/adr/0007-outbox-layout.md`).
+//! binding (`docs/adr/0007-outbox-layout.md`), keyed by one integer.
 //!
 //! # Layout
 //!
@@ -8,9 +8,10 @@
 //!   instead of the name.
 //! - `outbox_messages`: a row per appended message: the encoded envelope and
 //!   the seqs `first_seq..=last_seq` its records were given.
-//! - `outbox_records`: a row per (message, binding), keyed `(pid, seq)`
-//!   (`WITHOUT ROWID`): the record's own fields and the state that claims,
-//!   completions and releases change, but not the envelope.
+//! - `outbox_records`: a row per (message, binding), keyed by `key = pid <<
+//!   40 | seq` (the table's rowid, see [`Keys`]): the record's own fields
+//!   and the state that claims, completions and releases change, but not the
+//!   envelope.
 //!
 //! # Invariants
 //!
@@ -27,6 +28,8 @@
 //!    deletes the message rows it emptied.
 //! 4. A call that returns records decodes each message's envelope once and
 //!    gives its records one `Arc` of it.
+//! 5. A record's `key` is `pid << 40 | seq`: a partition's records are the
+//!    key range of its `pid`, in seq order, and a seq never reaches 2^40.
 //!
 //! Every operation but `stats` is one job of the writer (atomic and, when
 //! answered, committed); `stats` reads on the read connection. Only `append`
@@ -41,17 +44,73 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::{Db, SqliteOptions, schema, sql_error, to_i64, to_u64};
 use crate::stores::outbox::{RawRecord, into_records, stale, validate_append};
 use crate::stores::{
-    BoxFuture, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release, StoreResult,
-    from_unix_nanos, unix_nanos,
+    BoxFuture, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release, StoreError,
+    StoreResult, from_unix_nanos, unix_nanos,
 };
 
 /// The columns of a record row, in [`raw_record`]'s order.
-const COLUMNS: &str = "seq, msg, id, binding, address, created_at_ns, expires_at_ns, \
+const COLUMNS: &str = "key, msg, id, binding, address, created_at_ns, expires_at_ns, \
     claim_version, claim_owner, claimed_at_ns, replay_count, first_attempt_at_ns, last_error";
 
-/// The records by `(pid, state, seq)`: the scans of pending and of claimed
+/// The records by `(state, key)`: the scans of pending and of claimed
 /// records name this index (see `claim`).
 const BY_STATE: &str = "outbox_records INDEXED BY outbox_records_state";
+
+/// The bits of a record's key that hold its seq; its partition's `pid` is
+/// the bits above (invariant 5). One integer key makes `outbox_records` a
+/// rowid table: SQLite finds, inserts and deletes a record by comparing one
+/// integer, where the composite key `(pid, seq)` of layout 2 cost a record
+/// comparison per step of every search (`docs/adr/0007-outbox-layout.md`).
+const SEQ_BITS: u32 = 40;
+/// The last seq a partition can assign: at 100 000 records a second, more
+/// than 300 years of them.
+pub(super) const MAX_SEQ: u64 = (1 << SEQ_BITS) - 1;
+/// The highest `pid` a key can hold (keys are positive `i64`s).
+pub(super) const MAX_PID: i64 = (1 << (63 - SEQ_BITS)) - 1;
+
+/// The keys of one partition's records.
+#[derive(Clone, Copy)]
+struct Keys {
+    base: i64,
+}
+
+impl Keys {
+    fn of(pid: i64) -> StoreResult<Keys> {
+        if !(0..=MAX_PID).contains(&pid) {
+            return Err(StoreError::Corrupt(format!(
+                "outbox partition id {pid} is outside 0..={MAX_PID}"
+            )));
+        }
+        Ok(Keys {
+            base: pid << SEQ_BITS,
+        })
+    }
+
+    /// The key of `seq`; `None` past the last seq a partition can have,
+    /// where no record is.
+    fn key(self, seq: u64) -> Option<i64> {
+        (seq <= MAX_SEQ).then_some(self.base | seq as i64)
+    }
+
+    fn pid(self) -> i64 {
+        self.base >> SEQ_BITS
+    }
+
+    /// The key of a seq read from one of the partition's rows.
+    fn of_row(self, seq: i64) -> i64 {
+        self.base | seq
+    }
+
+    /// The lowest and the highest key of the partition.
+    fn range(self) -> (i64, i64) {
+        (self.base, self.base | MAX_SEQ as i64)
+    }
+}
+
+/// The seq in a record's key.
+fn seq_of(key: i64) -> i64 {
+    key & MAX_SEQ as i64
+}
 
 /// An outbox in a SQLite database.
 pub struct SqliteOutboxStore {
@@ -93,10 +152,13 @@ impl SqliteOutboxStore {
                 let Some(p) = partition_row(conn, &partition)? else {
                     return Ok(Vec::new());
                 };
-                let sql = format!("SELECT {COLUMNS} FROM outbox_records WHERE pid=?1 ORDER BY seq");
+                let sql = format!(
+                    "SELECT {COLUMNS} FROM outbox_records WHERE key BETWEEN ?1 AND ?2 ORDER BY key"
+                );
                 let mut stmt = conn.prepare(&sql).map_err(sql_error)?;
+                let (first, last) = Keys::of(p.pid)?.range();
                 let rows = stmt
-                    .query_map([p.pid], raw_record)
+                    .query_map([first, last], raw_record)
                     .map_err(sql_error)?
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(sql_error)?;
@@ -127,7 +189,7 @@ impl SqliteOutboxStore {
 
 fn raw_record(r: &Row<'_>) -> rusqlite::Result<RawRecord> {
     Ok(RawRecord {
-        seq: r.get(0)?,
+        seq: seq_of(r.get(0)?),
         msg: r.get(1)?,
         id: r.get(2)?,
         binding: r.get(3)?,
@@ -190,15 +252,27 @@ fn partition_row(conn: &Connection, partition: &str) -> StoreResult<Option<Parti
         .transpose()
 }
 
-/// Creates a partition's row with `hwm`; its `pid`.
+/// Creates a partition's row with `hwm`; its `pid`. Refused, before
+/// anything is written, when the `pid` would not fit in a key.
 fn insert_partition(conn: &Connection, partition: &str, hwm: u64) -> StoreResult<i64> {
+    let pid: i64 = conn
+        .prepare_cached("SELECT COALESCE(MAX(pid), 0) + 1 FROM outbox_partitions")
+        .map_err(sql_error)?
+        .query_row([], |r| r.get(0))
+        .map_err(sql_error)?;
+    if pid > MAX_PID {
+        return Err(StoreError::Conflict(format!(
+            "the outbox has used all {MAX_PID} partition ids: partition {partition} cannot be \
+             created; drain the outbox and point the store at a new file"
+        )));
+    }
     conn.prepare_cached(
-        "INSERT INTO outbox_partitions (partition, hwm, last_seq) VALUES (?1, ?2, 0)",
+        "INSERT INTO outbox_partitions (pid, partition, hwm, last_seq) VALUES (?1, ?2, ?3, 0)",
     )
     .map_err(sql_error)?
-    .execute(params![partition, to_i64(hwm)?])
+    .execute(params![pid, partition, to_i64(hwm)?])
     .map_err(sql_error)?;
-    Ok(conn.last_insert_rowid())
+    Ok(pid)
 }
 
 /// The partition's row, failing when `version` is below its high-water
@@ -225,6 +299,9 @@ fn append(conn: &Connection, partition: &str, message: NewMessage) -> StoreResul
     };
     let first = last_seq + 1;
     let last = last_seq + message.records.len() as u64;
+    let keys = Keys::of(pid)?;
+    // Checked before anything is written, so a refused append leaves nothing.
+    keys.key(last).ok_or_else(|| seqs_used_up(partition))?;
     // `last_insert_rowid` rather than `RETURNING`, which costs SQLite an
     // ephemeral table per statement.
     conn.prepare_cached(
@@ -241,8 +318,8 @@ fn append(conn: &Connection, partition: &str, message: NewMessage) -> StoreResul
     let msg = conn.last_insert_rowid();
     let mut insert = conn
         .prepare_cached(
-            "INSERT INTO outbox_records (pid, seq, msg, id, binding, address, created_at_ns, \
-             expires_at_ns, state, replay_count) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, 0)",
+            "INSERT INTO outbox_records (key, msg, id, binding, address, created_at_ns, \
+             expires_at_ns, state, replay_count) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, 0)",
         )
         .map_err(sql_error)?;
     let created_at = unix_nanos(message.created_at)?;
@@ -251,8 +328,7 @@ fn append(conn: &Connection, partition: &str, message: NewMessage) -> StoreResul
     for (seq, r) in seqs.iter().zip(message.records) {
         insert
             .execute(params![
-                pid,
-                to_i64(*seq)?,
+                keys.key(*seq).ok_or_else(|| seqs_used_up(partition))?,
                 msg,
                 r.id,
                 r.binding,
@@ -269,6 +345,13 @@ fn append(conn: &Connection, partition: &str, message: NewMessage) -> StoreResul
     Ok(seqs)
 }
 
+fn seqs_used_up(partition: &str) -> StoreError {
+    StoreError::Conflict(format!(
+        "partition {partition} has assigned all {MAX_SEQ} seqs it can: drain it and point the \
+         store at a new file"
+    ))
+}
+
 struct ClaimArgs<'a> {
     partition: &'a str,
     owner: &'a str,
@@ -280,12 +363,13 @@ struct ClaimArgs<'a> {
 
 /// Applies `version` to the partition's fence: `Stale` below the mark; above
 /// it the mark rises and every older claim is pending again (invariant 3 of
-/// the stores). Returns the partition's `pid`.
-fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<i64> {
+/// the stores). Returns the keys of the partition's records.
+fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<Keys> {
     let v = to_i64(version)?;
     match fence(conn, partition, version)? {
-        None => insert_partition(conn, partition, version),
+        None => Keys::of(insert_partition(conn, partition, version)?),
         Some(p) if version > p.hwm => {
+            let (first, last) = Keys::of(p.pid)?.range();
             // A newer lease: every claim of an older one is void at once.
             conn.prepare_cached("UPDATE outbox_partitions SET hwm=?2 WHERE pid=?1")
                 .map_err(sql_error)?
@@ -293,20 +377,22 @@ fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResul
                 .map_err(sql_error)?;
             conn.prepare_cached(&format!(
                 "UPDATE outbox_records SET state=0, claim_version=NULL, claim_owner=NULL, \
-                 claimed_at_ns=NULL WHERE pid=?1 AND seq IN ( \
-                   SELECT seq FROM {BY_STATE} WHERE pid=?1 AND state=1 AND claim_version<?2)",
+                 claimed_at_ns=NULL WHERE key IN ( \
+                   SELECT key FROM {BY_STATE} WHERE state=1 AND key BETWEEN ?1 AND ?2 \
+                   AND claim_version<?3)",
             ))
             .map_err(sql_error)?
-            .execute(params![p.pid, v])
+            .execute(params![first, last, v])
             .map_err(sql_error)?;
-            Ok(p.pid)
+            Keys::of(p.pid)
         }
-        Some(p) => Ok(p.pid),
+        Some(p) => Keys::of(p.pid),
     }
 }
 
 fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
-    let pid = advance_fence(conn, a.partition, a.version)?;
+    let keys = advance_fence(conn, a.partition, a.version)?;
+    let (first, last) = keys.range();
     let now = unix_nanos(a.now)?;
     let stale_ns = i64::try_from(a.stale_after.as_nanos()).unwrap_or(i64::MAX);
     let limit = sql_limit(a.limit);
@@ -315,12 +401,15 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     // by seq range costs less than one `UPDATE … WHERE seq IN (…)
     // RETURNING`, which builds two ephemeral tables per call.
     //
-    // The pending ones: a range scan of the (pid, state, seq) index. The
-    // index is named: without statistics SQLite may prefer the primary key.
+    // The pending ones: a range scan of the (state, key) index. The index
+    // is named: without statistics SQLite may prefer the rowid.
     let mut rows = selected(
         conn,
-        &format!("SELECT {COLUMNS} FROM {BY_STATE} WHERE pid=?1 AND state=0 ORDER BY seq LIMIT ?2"),
-        params![pid, limit],
+        &format!(
+            "SELECT {COLUMNS} FROM {BY_STATE} WHERE state=0 AND key BETWEEN ?1 AND ?2 \
+             ORDER BY key LIMIT ?3"
+        ),
+        params![first, last, limit],
     )?;
     // The stale ones: the state index does not hold a claim's owner and
     // time, so scanning it costs a primary-key lookup per claimed record —
@@ -329,21 +418,21 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     // seeks of the index) are read in key order instead: claims take the
     // oldest pending records, so that range is the claimed records and the
     // few released among them (an expired record claimed far ahead widens it
-    // until its completion commits). The primary key is forced: scanning
-    // the whole partition by it, or the index by a seq range, costs more.
+    // until its completion commits). The rowid is forced: scanning the whole
+    // partition by it, or the index by a key range, costs more.
     rows.extend(selected(
         conn,
         &format!(
-            "SELECT {COLUMNS} FROM outbox_records NOT INDEXED WHERE pid=?1 AND seq BETWEEN \
-               (SELECT MIN(seq) FROM {BY_STATE} WHERE pid=?1 AND state=1) \
-               AND (SELECT MAX(seq) FROM {BY_STATE} WHERE pid=?1 AND state=1) \
-             AND state=1 AND claim_owner=?3 AND claimed_at_ns<=?4 ORDER BY seq LIMIT ?2"
+            "SELECT {COLUMNS} FROM outbox_records NOT INDEXED WHERE key BETWEEN \
+               (SELECT MIN(key) FROM {BY_STATE} WHERE state=1 AND key BETWEEN ?1 AND ?2) \
+               AND (SELECT MAX(key) FROM {BY_STATE} WHERE state=1 AND key BETWEEN ?1 AND ?2) \
+             AND state=1 AND claim_owner=?4 AND claimed_at_ns<=?5 ORDER BY key LIMIT ?3"
         ),
-        params![pid, limit, a.owner, now.saturating_sub(stale_ns)],
+        params![first, last, limit, a.owner, now.saturating_sub(stale_ns)],
     )?);
     rows.sort_unstable_by_key(|r| r.seq);
     rows.truncate(a.limit);
-    mark(conn, pid, &mut rows, &a, now)?;
+    mark(conn, keys, &mut rows, &a, now)?;
     with_envelopes(conn, a.partition, rows)
 }
 
@@ -366,7 +455,7 @@ fn selected(
 /// `UPDATE` per run of consecutive seqs, which a batch mostly is.
 fn mark(
     conn: &Connection,
-    pid: i64,
+    keys: Keys,
     rows: &mut [RawRecord],
     a: &ClaimArgs<'_>,
     now: i64,
@@ -374,13 +463,13 @@ fn mark(
     let version = to_i64(a.version)?;
     let mut update = conn
         .prepare_cached(
-            "UPDATE outbox_records SET state=1, claim_version=?4, claim_owner=?5, \
-             claimed_at_ns=?6 WHERE pid=?1 AND seq BETWEEN ?2 AND ?3",
+            "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, \
+             claimed_at_ns=?5 WHERE key BETWEEN ?1 AND ?2",
         )
         .map_err(sql_error)?;
-    for (first, last) in runs(rows.iter().map(|r| r.seq)) {
+    for (first, last) in runs(rows.iter().map(|r| keys.of_row(r.seq))) {
         update
-            .execute(params![pid, first, last, version, a.owner, now])
+            .execute(params![first, last, version, a.owner, now])
             .map_err(sql_error)?;
     }
     for row in rows {
@@ -413,8 +502,8 @@ fn distinct(seqs: &[u64]) -> Vec<u64> {
     seqs
 }
 
-/// Runs `stmt` (parameters: pid, seq, version, then `extra`) for each
-/// distinct seq and returns those it changed, ascending.
+/// Runs `stmt` (parameters: key, version, then `extra`) for each distinct
+/// seq and returns those it changed, ascending.
 fn per_claimed(
     conn: &Connection,
     partition: &str,
@@ -426,12 +515,15 @@ fn per_claimed(
     let Some(p) = fence(conn, partition, version)? else {
         return Ok(Vec::new());
     };
+    let keys = Keys::of(p.pid)?;
     let version = to_i64(version)?;
     let mut stmt = conn.prepare_cached(stmt).map_err(sql_error)?;
     let mut done = Vec::new();
     for seq in distinct(seqs) {
-        let seq_i = to_i64(seq)?;
-        let mut args: Vec<&dyn rusqlite::ToSql> = vec![&p.pid, &seq_i, &version];
+        let Some(key) = keys.key(seq) else {
+            continue;
+        };
+        let mut args: Vec<&dyn rusqlite::ToSql> = vec![&key, &version];
         args.extend_from_slice(extra);
         if stmt.execute(args.as_slice()).map_err(sql_error)? == 1 {
             done.push(seq);
@@ -441,12 +533,11 @@ fn per_claimed(
 }
 
 /// Which records `release` acts on: claimed with exactly its version.
-const CLAIMED: &str = "WHERE pid=?1 AND seq=?2 AND state=1 AND claim_version=?3";
+const CLAIMED: &str = "WHERE key=?1 AND state=1 AND claim_version=?2";
 
-/// Which records of the run `?2..=?3` `complete` acts on: claimed with
-/// exactly its version (`?4`).
-const CLAIMED_IN_RUN: &str =
-    "WHERE pid=?1 AND seq BETWEEN ?2 AND ?3 AND state=1 AND claim_version=?4";
+/// Which records of the key run `?1..=?2` `complete` acts on: claimed with
+/// exactly its version (`?3`).
+const CLAIMED_IN_RUN: &str = "WHERE key BETWEEN ?1 AND ?2 AND state=1 AND claim_version=?3";
 
 fn complete(
     conn: &Connection,
@@ -457,6 +548,7 @@ fn complete(
     let Some(p) = fence(conn, partition, version)? else {
         return Ok(Vec::new());
     };
+    let keys = Keys::of(p.pid)?;
     let version = to_i64(version)?;
     // A statement of each kind per run of consecutive seqs (a batch is
     // mostly one run), not per seq. The records' messages are read before
@@ -464,7 +556,7 @@ fn complete(
     // table per statement); both statements match the same rows.
     let mut find = conn
         .prepare_cached(&format!(
-            "SELECT seq, msg FROM outbox_records {CLAIMED_IN_RUN}"
+            "SELECT key, msg FROM outbox_records {CLAIMED_IN_RUN}"
         ))
         .map_err(sql_error)?;
     let mut delete = conn
@@ -478,13 +570,15 @@ fn complete(
     let mut emptied = conn
         .prepare_cached(
             "DELETE FROM outbox_messages WHERE msg BETWEEN ?2 AND ?3 AND pid=?1 AND NOT EXISTS ( \
-               SELECT 1 FROM outbox_records r WHERE r.pid=outbox_messages.pid \
-               AND r.seq BETWEEN outbox_messages.first_seq AND outbox_messages.last_seq)",
+               SELECT 1 FROM outbox_records WHERE key BETWEEN \
+               ?4 + outbox_messages.first_seq AND ?4 + outbox_messages.last_seq)",
         )
         .map_err(sql_error)?;
     let mut done = Vec::new();
-    for (first, last) in runs(distinct(seqs)) {
-        let run = params![p.pid, to_i64(first)?, to_i64(last)?, version];
+    // No record has a seq without a key.
+    let stored = distinct(seqs).into_iter().filter_map(|seq| keys.key(seq));
+    for (first, last) in runs(stored) {
+        let run = params![first, last, version];
         let found = find
             .query_map(run, |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
             .map_err(sql_error)?
@@ -496,10 +590,10 @@ fn complete(
         };
         delete.execute(run).map_err(sql_error)?;
         emptied
-            .execute(params![p.pid, low, high])
+            .execute(params![p.pid, low, high, keys.range().0])
             .map_err(sql_error)?;
-        for (seq, _) in found {
-            done.push(to_u64(seq)?);
+        for (key, _) in found {
+            done.push(to_u64(seq_of(key))?);
         }
     }
     done.sort_unstable();
@@ -536,7 +630,7 @@ fn release(
                 seqs,
                 &format!(
                     "{UNCLAIM}, replay_count=replay_count+1, \
-                     first_attempt_at_ns=COALESCE(first_attempt_at_ns, ?4), last_error=?5 {CLAIMED}"
+                     first_attempt_at_ns=COALESCE(first_attempt_at_ns, ?3), last_error=?4 {CLAIMED}"
                 ),
                 &[&at, &error],
             )
@@ -545,18 +639,20 @@ fn release(
 }
 
 fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
-    let pid = advance_fence(conn, a.partition, a.version)?;
+    let keys = advance_fence(conn, a.partition, a.version)?;
     let now = unix_nanos(a.now)?;
+    // The index is on the expression `key >> 40` (the partition's `pid`),
+    // which the query must spell the same way.
     let mut rows = selected(
         conn,
         &format!(
-            "SELECT {COLUMNS} FROM outbox_records INDEXED BY outbox_records_expiry WHERE pid=?1 \
-             AND state=0 AND expires_at_ns IS NOT NULL AND expires_at_ns<=?3 ORDER BY seq \
-             LIMIT ?2"
+            "SELECT {COLUMNS} FROM outbox_records INDEXED BY outbox_records_expiry \
+             WHERE key >> {SEQ_BITS} = ?1 AND state=0 AND expires_at_ns IS NOT NULL \
+             AND expires_at_ns<=?3 ORDER BY key LIMIT ?2"
         ),
-        params![pid, sql_limit(a.limit), now],
+        params![keys.pid(), sql_limit(a.limit), now],
     )?;
-    mark(conn, pid, &mut rows, &a, now)?;
+    mark(conn, keys, &mut rows, &a, now)?;
     with_envelopes(conn, a.partition, rows)
 }
 
@@ -572,9 +668,12 @@ fn stats(conn: &Connection, partition: &str) -> StoreResult<OutboxStats> {
     // the partition first: a partition has a few bindings, so a short list
     // searched by name groups them without a sort or an allocation per row.
     let mut stmt = conn
-        .prepare_cached("SELECT binding, state, created_at_ns FROM outbox_records WHERE pid=?1")
+        .prepare_cached(
+            "SELECT binding, state, created_at_ns FROM outbox_records WHERE key BETWEEN ?1 AND ?2",
+        )
         .map_err(sql_error)?;
-    let mut rows = stmt.query([p.pid]).map_err(sql_error)?;
+    let (first, last) = Keys::of(p.pid)?.range();
+    let mut rows = stmt.query([first, last]).map_err(sql_error)?;
     let mut groups: Vec<Group> = Vec::new();
     while let Some(row) = rows.next().map_err(sql_error)? {
         let binding = row

@@ -9,8 +9,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::sql_error;
 use crate::stores::{StoreError, StoreResult};
 
-/// The outbox's tables (layout and invariants: `super::outbox`).
-const OUTBOX_V2: &str = "
+/// The outbox's partitions and messages, the same since layout 2 (layout and
+/// invariants: `super::outbox`).
+const OUTBOX_PARTITIONS_AND_MESSAGES: &str = "
 CREATE TABLE IF NOT EXISTS outbox_partitions (
     pid       INTEGER PRIMARY KEY,
     partition TEXT    NOT NULL UNIQUE,
@@ -27,6 +28,10 @@ CREATE TABLE IF NOT EXISTS outbox_messages (
     last_seq  INTEGER NOT NULL,
     envelope  BLOB    NOT NULL
 );
+";
+
+/// The outbox's records in layout 2, keyed `(pid, seq)`.
+const OUTBOX_RECORDS_V2: &str = "
 CREATE TABLE IF NOT EXISTS outbox_records (
     pid                 INTEGER NOT NULL,
     seq                 INTEGER NOT NULL,
@@ -50,6 +55,49 @@ CREATE TABLE IF NOT EXISTS outbox_records (
 CREATE INDEX IF NOT EXISTS outbox_records_state ON outbox_records (pid, state, seq);
 CREATE INDEX IF NOT EXISTS outbox_records_expiry ON outbox_records (pid, expires_at_ns)
     WHERE expires_at_ns IS NOT NULL;
+";
+
+/// The outbox's records since layout 3: keyed by one integer, `key = pid <<
+/// 40 | seq`, the table's rowid (`super::outbox`, invariant 5).
+const OUTBOX_RECORDS_V3: &str = "
+CREATE TABLE IF NOT EXISTS outbox_records (
+    key                 INTEGER PRIMARY KEY,
+    msg                 INTEGER NOT NULL,
+    id                  TEXT    NOT NULL,
+    binding             TEXT    NOT NULL,
+    address             TEXT    NOT NULL,
+    created_at_ns       INTEGER NOT NULL,
+    expires_at_ns       INTEGER,
+    -- 0 pending, 1 claimed
+    state               INTEGER NOT NULL,
+    claim_version       INTEGER,
+    claim_owner         TEXT,
+    claimed_at_ns       INTEGER,
+    replay_count        INTEGER NOT NULL,
+    first_attempt_at_ns INTEGER,
+    last_error          TEXT
+);
+-- claim: pending (or own stale) records of a partition (a key range) in key order
+CREATE INDEX IF NOT EXISTS outbox_records_state ON outbox_records (state, key);
+-- expire: by partition (`key >> 40`, spelled so by the query too), then expiry time
+CREATE INDEX IF NOT EXISTS outbox_records_expiry ON outbox_records (key >> 40, expires_at_ns)
+    WHERE expires_at_ns IS NOT NULL;
+";
+
+/// Layout 2's records out of the way of layout 3's.
+const OUTBOX_V2_SET_ASIDE: &str = "
+DROP INDEX outbox_records_state;
+DROP INDEX outbox_records_expiry;
+ALTER TABLE outbox_records RENAME TO outbox_records_v2;
+";
+
+/// Layout 2's records in layout 3's table: the same rows under their key.
+const OUTBOX_V2_COPY: &str = "
+INSERT INTO outbox_records (key, msg, id, binding, address, created_at_ns, expires_at_ns, state,
+        claim_version, claim_owner, claimed_at_ns, replay_count, first_attempt_at_ns, last_error)
+    SELECT (pid << 40) | seq, msg, id, binding, address, created_at_ns, expires_at_ns, state,
+        claim_version, claim_owner, claimed_at_ns, replay_count, first_attempt_at_ns, last_error
+    FROM outbox_records_v2 ORDER BY pid, seq;
 ";
 
 /// The first layout's tables out of the way of the second's.
@@ -111,7 +159,8 @@ type Migration = fn(&Connection) -> StoreResult<()>;
 struct Schema {
     component: &'static str,
     version: i64,
-    ddl: &'static str,
+    /// The statements that create the current version's tables, in order.
+    ddl: &'static [&'static str],
     /// `(from, step)`: `step` turns version `from` into `from + 1`.
     migrations: &'static [(i64, Migration)],
 }
@@ -122,9 +171,9 @@ pub(super) fn outbox(conn: &Connection) -> StoreResult<()> {
         conn,
         &Schema {
             component: "outbox",
-            version: 2,
-            ddl: OUTBOX_V2,
-            migrations: &[(1, outbox_v1_to_v2)],
+            version: 3,
+            ddl: &[OUTBOX_PARTITIONS_AND_MESSAGES, OUTBOX_RECORDS_V3],
+            migrations: &[(1, outbox_v1_to_v2), (2, outbox_v2_to_v3)],
         },
     )
 }
@@ -136,7 +185,7 @@ pub(super) fn lease(conn: &Connection) -> StoreResult<()> {
         &Schema {
             component: "lease",
             version: 1,
-            ddl: LEASE_V1,
+            ddl: &[LEASE_V1],
             migrations: &[],
         },
     )
@@ -149,7 +198,7 @@ pub(super) fn dlq(conn: &Connection) -> StoreResult<()> {
         &Schema {
             component: "dlq",
             version: 1,
-            ddl: DLQ_V1,
+            ddl: &[DLQ_V1],
             migrations: &[],
         },
     )
@@ -163,21 +212,63 @@ pub(super) fn dlq(conn: &Connection) -> StoreResult<()> {
 /// seqs. Refused, and rolled back, unless every record was copied.
 fn outbox_v1_to_v2(conn: &Connection) -> StoreResult<()> {
     conn.execute_batch(OUTBOX_V1_SET_ASIDE).map_err(sql_error)?;
-    conn.execute_batch(OUTBOX_V2).map_err(sql_error)?;
+    conn.execute_batch(OUTBOX_PARTITIONS_AND_MESSAGES)
+        .map_err(sql_error)?;
+    conn.execute_batch(OUTBOX_RECORDS_V2).map_err(sql_error)?;
     conn.execute_batch(OUTBOX_V1_COPY).map_err(sql_error)?;
+    all_copied(
+        conn,
+        2,
+        "outbox_records_v1",
+        "a record without its partition row",
+    )?;
+    conn.execute_batch("DROP TABLE outbox_records_v1; DROP TABLE outbox_partitions_v1;")
+        .map_err(sql_error)
+}
+
+/// From records keyed `(pid, seq)` to records keyed by `pid << 40 | seq`:
+/// the same rows, refused (and rolled back) when a `pid` or a seq does not
+/// fit in its bits, which no file written by a build of layout 2 holds.
+fn outbox_v2_to_v3(conn: &Connection) -> StoreResult<()> {
+    let misfits: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM outbox_records WHERE pid NOT BETWEEN 0 AND ?1 \
+             OR seq NOT BETWEEN 0 AND ?2",
+            params![super::outbox::MAX_PID, super::outbox::MAX_SEQ as i64],
+            |r| r.get(0),
+        )
+        .map_err(sql_error)?;
+    if misfits > 0 {
+        return Err(StoreError::Corrupt(format!(
+            "outbox migration to layout 3: {misfits} records have a partition id above {} or a \
+             seq above {}; the file was left as it was",
+            super::outbox::MAX_PID,
+            super::outbox::MAX_SEQ
+        )));
+    }
+    conn.execute_batch(OUTBOX_V2_SET_ASIDE).map_err(sql_error)?;
+    conn.execute_batch(OUTBOX_RECORDS_V3).map_err(sql_error)?;
+    conn.execute_batch(OUTBOX_V2_COPY).map_err(sql_error)?;
+    all_copied(conn, 3, "outbox_records_v2", "a row the copy missed")?;
+    conn.execute_batch("DROP TABLE outbox_records_v2;")
+        .map_err(sql_error)
+}
+
+/// Fails a migration to `layout` unless `outbox_records` holds as many rows
+/// as `old`; `why` names what would have been lost.
+fn all_copied(conn: &Connection, layout: u32, old: &str, why: &str) -> StoreResult<()> {
     let count = |table: &str| -> StoreResult<i64> {
         conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
             .map_err(sql_error)
     };
-    let (old, new) = (count("outbox_records_v1")?, count("outbox_records")?);
+    let (old, new) = (count(old)?, count("outbox_records")?);
     if old != new {
         return Err(StoreError::Corrupt(format!(
-            "outbox migration to layout 2 copied {new} of {old} records (a record without its \
-             partition row); the file was left as it was"
+            "outbox migration to layout {layout} copied {new} of {old} records ({why}); the \
+             file was left as it was"
         )));
     }
-    conn.execute_batch("DROP TABLE outbox_records_v1; DROP TABLE outbox_partitions_v1;")
-        .map_err(sql_error)
+    Ok(())
 }
 
 fn ensure(conn: &Connection, schema: &Schema) -> StoreResult<()> {
@@ -239,7 +330,9 @@ fn create(conn: &Connection, schema: &Schema) -> StoreResult<()> {
             Ok(())
         }
         None => {
-            conn.execute_batch(ddl).map_err(sql_error)?;
+            for statements in ddl {
+                conn.execute_batch(statements).map_err(sql_error)?;
+            }
             conn.execute(
                 "INSERT INTO ferry_schema (component, version) VALUES (?1, ?2)",
                 params![component, version],
@@ -405,7 +498,7 @@ mod tests {
                 |r| r.get(0),
             )
             .expect("version");
-        assert_eq!(version, 2);
+        assert_eq!(version, 3);
         let old: i64 = conn
             .query_row(
                 "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%_v1'",
@@ -446,6 +539,175 @@ mod tests {
         assert_eq!((version, records), (1, 4));
     }
 
+    /// A file of layout 2 (records keyed `(pid, seq)`): partition `b/r`
+    /// (pid 1, fenced at 3) with a message fanned out to seqs 1..=2 — seq 1
+    /// claimed, seq 2 failed twice — and one to seq 4 that expires;
+    /// partition `b/s` (pid 2) with seq 7 pending.
+    fn v2_file(dir: &tempfile::TempDir) -> std::path::PathBuf {
+        let path = dir.path().join("outbox.db");
+        let conn = Connection::open(&path).expect("open");
+        conn.execute_batch(
+            "CREATE TABLE ferry_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL) \
+             WITHOUT ROWID; INSERT INTO ferry_schema VALUES ('outbox', 2);",
+        )
+        .expect("schema table");
+        conn.execute_batch(super::OUTBOX_PARTITIONS_AND_MESSAGES)
+            .expect("v2 partitions and messages");
+        conn.execute_batch(super::OUTBOX_RECORDS_V2)
+            .expect("v2 records");
+        let at = unix_nanos(t(1)).expect("time");
+        let expires = unix_nanos(t(100)).expect("time");
+        conn.execute(
+            "INSERT INTO outbox_partitions VALUES (1, 'b/r', 3, 4), (2, 'b/s', 0, 7)",
+            [],
+        )
+        .expect("partitions");
+        for (msg, pid, first, last, payload) in [
+            (1, 1, 1, 2, "fan"),
+            (2, 1, 4, 4, "solo"),
+            (3, 2, 7, 7, "other"),
+        ] {
+            conn.execute(
+                "INSERT INTO outbox_messages VALUES (?1, ?2, ?3, ?4, ?5)",
+                rusqlite::params![msg, pid, first, last, envelope(payload).encode()],
+            )
+            .expect("message");
+        }
+        for (pid, seq, msg, claim, replays, expiry) in [
+            (1, 1, 1, Some(3), 0, None),
+            (1, 2, 1, None, 2, None),
+            (1, 4, 2, None, 0, Some(expires)),
+            (2, 7, 3, None, 0, None),
+        ] {
+            conn.execute(
+                "INSERT INTO outbox_records VALUES (?1, ?2, ?3, ?4, 'x', 'out', ?5, ?6, ?7, ?8, \
+                 ?9, ?10, ?11, ?12, ?13)",
+                rusqlite::params![
+                    pid,
+                    seq,
+                    msg,
+                    format!("id-{pid}-{seq}"),
+                    at,
+                    expiry,
+                    i64::from(claim.is_some()),
+                    claim,
+                    claim.map(|_| "old-owner"),
+                    claim.map(|_| at),
+                    replays,
+                    (replays > 0).then_some(at),
+                    (replays > 0).then_some("refused"),
+                ],
+            )
+            .expect("record");
+        }
+        path
+    }
+
+    #[tokio::test]
+    async fn an_outbox_of_the_second_layout_is_migrated_when_opened() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = v2_file(&dir);
+        let store = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
+            .await
+            .expect("open migrates");
+        let summary = |records: Vec<crate::stores::OutboxRecord>| -> Vec<_> {
+            records
+                .into_iter()
+                .map(|r| {
+                    (
+                        r.seq,
+                        r.id,
+                        String::from_utf8_lossy(&r.envelope.payload).into_owned(),
+                        r.claim.map(|c| (c.version, c.owner)),
+                        r.replay_count,
+                        r.last_error,
+                        r.expires_at,
+                    )
+                })
+                .collect()
+        };
+        let owner = Some((3, "old-owner".to_owned()));
+        let refused = Some("refused".to_owned());
+        assert_eq!(
+            summary(store.dump("b/r").await.expect("dump")),
+            vec![
+                (1, "id-1-1".into(), "fan".into(), owner, 0, None, None),
+                (2, "id-1-2".into(), "fan".into(), None, 2, refused, None),
+                (
+                    4,
+                    "id-1-4".into(),
+                    "solo".into(),
+                    None,
+                    0,
+                    None,
+                    Some(t(100))
+                ),
+            ]
+        );
+        assert_eq!(
+            summary(store.dump("b/s").await.expect("dump")),
+            vec![(7, "id-2-7".into(), "other".into(), None, 0, None, None)]
+        );
+        // Seqs go on from where they were, fences hold, and every
+        // operation finds the migrated records by their seqs.
+        let message = NewMessage::new(envelope("new"), t(2), vec![NewRecord::new("x", "out")]);
+        assert_eq!(store.append("b/r", message).await, Ok(vec![5]));
+        assert!(matches!(
+            store.claim("b/r", "o", 2, 10, t(3)).await,
+            Err(StoreError::Stale(_))
+        ));
+        let expired = store.expire("b/r", "o", 3, t(200), 10).await;
+        assert_eq!(expired.map(|r| r.len()), Ok(1));
+        let claimed = store.claim("b/r", "o", 4, 10, t(3)).await.expect("claim");
+        let seqs: Vec<u64> = claimed.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, vec![1, 2, 4, 5]);
+        assert_eq!(
+            store.complete("b/r", 4, &[1, 2, 4, 5]).await,
+            Ok(vec![1, 2, 4, 5])
+        );
+        assert_eq!(store.envelopes("b/r").await, Ok(0));
+        assert_eq!(store.envelopes("b/s").await, Ok(1));
+        store.close().await;
+
+        let conn = Connection::open(&path).expect("reopen");
+        let (version, old): (i64, i64) = conn
+            .query_row(
+                "SELECT (SELECT version FROM ferry_schema WHERE component='outbox'), \
+                 (SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%_v2')",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("state");
+        assert_eq!((version, old), (3, 0), "layout 3, layout 2's table gone");
+    }
+
+    /// A record whose seq does not fit in a key stops the migration before
+    /// it changes anything.
+    #[tokio::test]
+    async fn a_seq_too_large_for_a_key_stops_the_migration() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = v2_file(&dir);
+        Connection::open(&path)
+            .expect("open")
+            .execute("UPDATE outbox_records SET seq = 1 << 40 WHERE seq = 7", [])
+            .expect("a seq past 2^40");
+        let error = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
+            .await
+            .err()
+            .expect("refused");
+        assert!(error.to_string().contains("layout 3: 1 records"), "{error}");
+        let conn = Connection::open(&path).expect("reopen");
+        let (version, records): (i64, i64) = conn
+            .query_row(
+                "SELECT (SELECT version FROM ferry_schema WHERE component='outbox'), \
+                 (SELECT COUNT(*) FROM outbox_records)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("state");
+        assert_eq!((version, records), (2, 4));
+    }
+
     #[tokio::test]
     async fn an_outbox_of_a_newer_layout_is_refused() {
         let dir = tempfile::tempdir().expect("temporary directory");
@@ -454,7 +716,7 @@ mod tests {
             .expect("open")
             .execute_batch(
                 "CREATE TABLE ferry_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL);
-                 INSERT INTO ferry_schema VALUES ('outbox', 3);",
+                 INSERT INTO ferry_schema VALUES ('outbox', 4);",
             )
             .expect("newer schema");
         let error = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
@@ -464,7 +726,7 @@ mod tests {
         assert!(
             error
                 .to_string()
-                .contains("outbox schema version 3 was written by a newer"),
+                .contains("outbox schema version 4 was written by a newer"),
             "{error}"
         );
     }
