@@ -810,3 +810,52 @@ impl OutboxStore for SqliteOutboxStore {
         Box::pin(self.db.read(move |c| stats(c, &partition)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stores::NewRecord;
+    use crate::stores::conformance::{envelope, sqlite_options, t};
+
+    fn message(bindings: &[&str]) -> NewMessage {
+        let records = bindings.iter().map(|b| NewRecord::new(*b, "out")).collect();
+        NewMessage::new(envelope("m"), t(1), records)
+    }
+
+    /// The last seqs a key can hold are assigned and work like any other;
+    /// an append that would pass them is refused and writes nothing.
+    #[tokio::test]
+    async fn a_partition_out_of_seqs_refuses_the_append_and_writes_nothing() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let options = sqlite_options(&dir, "outbox.db");
+        let store = SqliteOutboxStore::open(options.clone())
+            .await
+            .expect("open");
+        assert_eq!(store.append("p", message(&["x"])).await, Ok(vec![1]));
+        store.close().await;
+        Connection::open(&options.path)
+            .expect("open the file")
+            .execute(
+                "UPDATE outbox_partitions SET last_seq = ?1",
+                [to_i64(MAX_SEQ - 1).expect("fits")],
+            )
+            .expect("near the last seq");
+
+        let store = SqliteOutboxStore::open(options).await.expect("reopen");
+        let refused = store.append("p", message(&["x", "y"])).await;
+        assert!(
+            matches!(&refused, Err(StoreError::Conflict(e)) if e.contains("all 1099511627775 seqs")),
+            "{refused:?}"
+        );
+        assert_eq!(store.envelopes("p").await, Ok(1), "nothing written");
+        assert_eq!(store.append("p", message(&["x"])).await, Ok(vec![MAX_SEQ]));
+        let claimed = store.claim("p", "o", 1, 10, t(2)).await.expect("claim");
+        let seqs: Vec<u64> = claimed.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, vec![1, MAX_SEQ]);
+        assert_eq!(
+            store.complete("p", 1, &[1, MAX_SEQ, MAX_SEQ + 1]).await,
+            Ok(vec![1, MAX_SEQ])
+        );
+        assert_eq!(store.envelopes("p").await, Ok(0));
+    }
+}
