@@ -365,29 +365,29 @@ struct ClaimArgs<'a> {
 /// it the mark rises and every older claim is pending again (invariant 3 of
 /// the stores). Returns the keys of the partition's records.
 fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<Keys> {
-    let v = to_i64(version)?;
-    match fence(conn, partition, version)? {
-        None => Keys::of(insert_partition(conn, partition, version)?),
-        Some(p) if version > p.hwm => {
-            let (first, last) = Keys::of(p.pid)?.range();
-            // A newer lease: every claim of an older one is void at once.
-            conn.prepare_cached("UPDATE outbox_partitions SET hwm=?2 WHERE pid=?1")
-                .map_err(sql_error)?
-                .execute(params![p.pid, v])
-                .map_err(sql_error)?;
-            conn.prepare_cached(&format!(
-                "UPDATE outbox_records SET state=0, claim_version=NULL, claim_owner=NULL, \
-                 claimed_at_ns=NULL WHERE key IN ( \
-                   SELECT key FROM {BY_STATE} WHERE state=1 AND key BETWEEN ?1 AND ?2 \
-                   AND claim_version<?3)",
-            ))
+    let Some(p) = fence(conn, partition, version)? else {
+        return Keys::of(insert_partition(conn, partition, version)?);
+    };
+    let keys = Keys::of(p.pid)?;
+    if version > p.hwm {
+        // A newer lease: every claim of an older one is void at once.
+        let v = to_i64(version)?;
+        let (first, last) = keys.range();
+        conn.prepare_cached("UPDATE outbox_partitions SET hwm=?2 WHERE pid=?1")
             .map_err(sql_error)?
-            .execute(params![first, last, v])
+            .execute(params![p.pid, v])
             .map_err(sql_error)?;
-            Keys::of(p.pid)
-        }
-        Some(p) => Keys::of(p.pid),
+        conn.prepare_cached(&format!(
+            "UPDATE outbox_records SET state=0, claim_version=NULL, claim_owner=NULL, \
+             claimed_at_ns=NULL WHERE key IN ( \
+               SELECT key FROM {BY_STATE} WHERE state=1 AND key BETWEEN ?1 AND ?2 \
+               AND claim_version<?3)",
+        ))
+        .map_err(sql_error)?
+        .execute(params![first, last, v])
+        .map_err(sql_error)?;
     }
+    Ok(keys)
 }
 
 fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
