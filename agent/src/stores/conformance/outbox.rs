@@ -21,6 +21,7 @@ macro_rules! outbox_conformance {
             release_counted_and_uncounted,
             stale_own_claim_comes_back,
             stale_claims_are_found_among_fresh_foreign_and_pending_ones,
+            a_stale_expiry_comes_back_wherever_it_lies,
             expire_claims_only_pending_past_expiry,
             stats_match_records,
             partitions_are_independent,
@@ -366,6 +367,47 @@ pub(crate) async fn stale_claims_are_found_among_fresh_foreign_and_pending_ones<
     let back = claim("A", 10, t(10) + STALE).await;
     let expected: Vec<u64> = [0, 1, 3, 5].iter().map(|&i| appended[i]).collect();
     assert_eq!(back, expected);
+}
+
+/// A record an expiry claimed far ahead of the claimed ones comes back to
+/// its owner once stale, with the stale claims below it, and again after a
+/// claim took it back.
+pub(crate) async fn a_stale_expiry_comes_back_wherever_it_lies<S: OutboxHarness + OutboxStore>(
+    s: S,
+) {
+    let p = unique("p");
+    let mut appended = Vec::new();
+    for _ in 0..4 {
+        appended.extend(append_n(&s, &p, &["a"]).await);
+    }
+    let expiring = NewMessage {
+        expires_at: Some(t(5)),
+        ..msg("e", &["e"])
+    };
+    appended.extend(s.append(&p, expiring).await.expect("append"));
+    let claim = |limit, at| {
+        let (s, p) = (&s, &p);
+        async move { seqs(&s.claim(p, "A", 1, limit, at).await.expect("claim")) }
+    };
+    assert_eq!(claim(2, t(1)).await, appended[0..2]);
+    let expired = s.expire(&p, "A", 1, t(10), 10).await.expect("expire");
+    assert_eq!(seqs(&expired), appended[4..5]);
+    assert_eq!(claim(2, t(11)).await, appended[2..4]);
+    let s = s.reopen().await;
+    let claim = |limit, at| {
+        let (s, p) = (&s, &p);
+        async move { seqs(&s.claim(p, "A", 1, limit, at).await.expect("claim")) }
+    };
+    // Stale: the first two (claimed at 1) and the expiry (at 10), not the
+    // two claimed at 11.
+    let back = claim(10, t(10) + STALE).await;
+    assert_eq!(back, [appended[0], appended[1], appended[4]]);
+    // Taken back by a claim, the expiry goes stale again like the rest.
+    let all = claim(10, t(11) + STALE + STALE).await;
+    assert_eq!(all, appended);
+    let done = s.complete(&p, 1, &appended).await.expect("complete");
+    assert_eq!(done, appended);
+    assert!(s.dump(&p).await.expect("dump").is_empty());
 }
 
 pub(crate) async fn expire_claims_only_pending_past_expiry<S: OutboxHarness + OutboxStore>(s: S) {

@@ -30,6 +30,15 @@
 //!    gives its records one `Arc` of it.
 //! 5. A record's `key` is `pid << 40 | seq`: a partition's records are the
 //!    key range of its `pid`, in seq order, and a seq never reaches 2^40.
+//! 6. A record's `state` is 0 pending, 1 claimed by `claim`, 2 claimed by
+//!    `expire`. Pending records are in the index `outbox_records_pending`
+//!    and records in state 2 in `outbox_records_expiring`; records in state
+//!    1 are in no state index, and their keys are at most their partition's
+//!    `claimed_to`, the highest key a claim ever marked 1. A claim removes a
+//!    record's index entry instead of moving it, a completion touches none,
+//!    and the search for stale claims reads the keys up to `claimed_to` —
+//!    the oldest records, as claims take the oldest pending ones — and the
+//!    few records in state 2 (an expiry may claim records far ahead).
 //!
 //! Every operation but `stats` is one job of the writer (atomic and, when
 //! answered, committed); `stats` reads on the read connection. Only `append`
@@ -52,9 +61,14 @@ use crate::stores::{
 const COLUMNS: &str = "key, msg, id, binding, address, created_at_ns, expires_at_ns, \
     claim_version, claim_owner, claimed_at_ns, replay_count, first_attempt_at_ns, last_error";
 
-/// The records by `(state, key)`: the scans of pending and of claimed
-/// records name this index (see `claim`).
-const BY_STATE: &str = "outbox_records INDEXED BY outbox_records_state";
+/// The pending records by key (invariant 6). Queries name their index:
+/// without statistics SQLite may prefer the rowid.
+const PENDING: &str = "outbox_records INDEXED BY outbox_records_pending";
+/// The records claimed by `expire` by key (invariant 6).
+const EXPIRING: &str = "outbox_records INDEXED BY outbox_records_expiring";
+/// The states of invariant 6.
+const CLAIMED_BY_CLAIM: i64 = 1;
+const CLAIMED_BY_EXPIRE: i64 = 2;
 
 /// The bits of a record's key that hold its seq; its partition's `pid` is
 /// the bits above (invariant 5). One integer key makes `outbox_records` a
@@ -90,10 +104,6 @@ impl Keys {
     /// where no record is.
     fn key(self, seq: u64) -> Option<i64> {
         (seq <= MAX_SEQ).then_some(self.base | seq as i64)
-    }
-
-    fn pid(self) -> i64 {
-        self.base >> SEQ_BITS
     }
 
     /// The key of a seq read from one of the partition's rows.
@@ -228,28 +238,34 @@ struct PartitionRow {
     pid: i64,
     hwm: u64,
     last_seq: u64,
+    /// Invariant 6: no record in state 1 has a higher key.
+    claimed_to: i64,
 }
 
 fn partition_row(conn: &Connection, partition: &str) -> StoreResult<Option<PartitionRow>> {
-    conn.prepare_cached("SELECT pid, hwm, last_seq FROM outbox_partitions WHERE partition=?1")
-        .map_err(sql_error)?
-        .query_row([partition], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
+    conn.prepare_cached(
+        "SELECT pid, hwm, last_seq, claimed_to FROM outbox_partitions WHERE partition=?1",
+    )
+    .map_err(sql_error)?
+    .query_row([partition], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, i64>(2)?,
+            r.get::<_, i64>(3)?,
+        ))
+    })
+    .optional()
+    .map_err(sql_error)?
+    .map(|(pid, hwm, last_seq, claimed_to)| {
+        Ok(PartitionRow {
+            pid,
+            hwm: to_u64(hwm)?,
+            last_seq: to_u64(last_seq)?,
+            claimed_to,
         })
-        .optional()
-        .map_err(sql_error)?
-        .map(|(pid, hwm, last_seq)| {
-            Ok(PartitionRow {
-                pid,
-                hwm: to_u64(hwm)?,
-                last_seq: to_u64(last_seq)?,
-            })
-        })
-        .transpose()
+    })
+    .transpose()
 }
 
 /// Creates a partition's row with `hwm`; its `pid`. Refused, before
@@ -361,78 +377,121 @@ struct ClaimArgs<'a> {
     stale_after: Duration,
 }
 
+/// The partition a claim or an expiry works on, past its fence.
+struct Fenced {
+    keys: Keys,
+    pid: i64,
+    /// The partition's `claimed_to` (invariant 6).
+    claimed_to: i64,
+}
+
 /// Applies `version` to the partition's fence: `Stale` below the mark; above
 /// it the mark rises and every older claim is pending again (invariant 3 of
-/// the stores). Returns the keys of the partition's records.
-fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<Keys> {
+/// the stores).
+fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<Fenced> {
     let Some(p) = fence(conn, partition, version)? else {
-        return Keys::of(insert_partition(conn, partition, version)?);
+        let pid = insert_partition(conn, partition, version)?;
+        return Ok(Fenced {
+            keys: Keys::of(pid)?,
+            pid,
+            claimed_to: 0,
+        });
     };
     let keys = Keys::of(p.pid)?;
     if version > p.hwm {
-        // A newer lease: every claim of an older one is void at once.
+        // A newer lease: every claim of an older one is void at once. The
+        // claimed records are the keys up to `claimed_to` in state 1 and
+        // the indexed ones in state 2 (invariant 6).
         let v = to_i64(version)?;
         let (first, last) = keys.range();
         conn.prepare_cached("UPDATE outbox_partitions SET hwm=?2 WHERE pid=?1")
             .map_err(sql_error)?
             .execute(params![p.pid, v])
             .map_err(sql_error)?;
+        const UNCLAIM: &str = "UPDATE outbox_records SET state=0, claim_version=NULL, \
+            claim_owner=NULL, claimed_at_ns=NULL";
         conn.prepare_cached(&format!(
-            "UPDATE outbox_records SET state=0, claim_version=NULL, claim_owner=NULL, \
-             claimed_at_ns=NULL WHERE key IN ( \
-               SELECT key FROM {BY_STATE} WHERE state=1 AND key BETWEEN ?1 AND ?2 \
-               AND claim_version<?3)",
+            "{UNCLAIM} WHERE key BETWEEN ?1 AND ?2 AND state=1 AND claim_version<?3"
+        ))
+        .map_err(sql_error)?
+        .execute(params![first, p.claimed_to, v])
+        .map_err(sql_error)?;
+        conn.prepare_cached(&format!(
+            "{UNCLAIM} WHERE key IN (SELECT key FROM {EXPIRING} \
+               WHERE state=2 AND key BETWEEN ?1 AND ?2 AND claim_version<?3)"
         ))
         .map_err(sql_error)?
         .execute(params![first, last, v])
         .map_err(sql_error)?;
     }
-    Ok(keys)
+    Ok(Fenced {
+        keys,
+        pid: p.pid,
+        claimed_to: p.claimed_to,
+    })
 }
 
 fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
-    let keys = advance_fence(conn, a.partition, a.version)?;
-    let (first, last) = keys.range();
+    let fenced = advance_fence(conn, a.partition, a.version)?;
+    let (first, last) = fenced.keys.range();
     let now = unix_nanos(a.now)?;
     let stale_ns = i64::try_from(a.stale_after.as_nanos()).unwrap_or(i64::MAX);
+    let stale_at = now.saturating_sub(stale_ns);
     let limit = sql_limit(a.limit);
     // The oldest `limit` of the pending records and of this owner's claims
     // old enough to be taken back, merged here. Selecting and then marking
     // by seq range costs less than one `UPDATE … WHERE seq IN (…)
     // RETURNING`, which builds two ephemeral tables per call.
     //
-    // The pending ones: a range scan of the (state, key) index. The index
-    // is named: without statistics SQLite may prefer the rowid.
+    // The pending ones: a range scan of their index.
     let mut rows = selected(
         conn,
         &format!(
-            "SELECT {COLUMNS} FROM {BY_STATE} WHERE state=0 AND key BETWEEN ?1 AND ?2 \
+            "SELECT {COLUMNS} FROM {PENDING} WHERE state=0 AND key BETWEEN ?1 AND ?2 \
              ORDER BY key LIMIT ?3"
         ),
         params![first, last, limit],
     )?;
-    // The stale ones: the state index does not hold a claim's owner and
-    // time, so scanning it costs a primary-key lookup per claimed record —
-    // and the drainer keeps up to three batches claimed, all read by every
-    // claim. The rows between the lowest and the highest claimed seq (two
-    // seeks of the index) are read in key order instead: claims take the
-    // oldest pending records, so that range is the claimed records and the
-    // few released among them (an expired record claimed far ahead widens it
-    // until its completion commits). The rowid is forced: scanning the whole
-    // partition by it, or the index by a key range, costs more.
+    // Claimed by a claim and stale (invariant 6): among the keys up to
+    // `claimed_to`, read in key order. Claims take the oldest pending
+    // records, so these are the claimed records and the few released among
+    // them; no index holds a claim's owner or time, so reading the rows
+    // costs less than finding them through one.
     rows.extend(selected(
         conn,
         &format!(
-            "SELECT {COLUMNS} FROM outbox_records NOT INDEXED WHERE key BETWEEN \
-               (SELECT MIN(key) FROM {BY_STATE} WHERE state=1 AND key BETWEEN ?1 AND ?2) \
-               AND (SELECT MAX(key) FROM {BY_STATE} WHERE state=1 AND key BETWEEN ?1 AND ?2) \
+            "SELECT {COLUMNS} FROM outbox_records NOT INDEXED WHERE key BETWEEN ?1 AND ?2 \
              AND state=1 AND claim_owner=?4 AND claimed_at_ns<=?5 ORDER BY key LIMIT ?3"
         ),
-        params![first, last, limit, a.owner, now.saturating_sub(stale_ns)],
+        params![first, fenced.claimed_to, limit, a.owner, stale_at],
     )?);
+    // Claimed by an expiry and stale: few, and indexed. They stay in state 2
+    // (see `mark`), so they never raise `claimed_to`.
+    let expiring = selected(
+        conn,
+        &format!(
+            "SELECT {COLUMNS} FROM {EXPIRING} WHERE state=2 AND key BETWEEN ?1 AND ?2 \
+             AND claim_owner=?4 AND claimed_at_ns<=?5 ORDER BY key LIMIT ?3"
+        ),
+        params![first, last, limit, a.owner, stale_at],
+    )?;
+    let expiring_seqs: Vec<i64> = expiring.iter().map(|r| r.seq).collect();
+    rows.extend(expiring);
     rows.sort_unstable_by_key(|r| r.seq);
     rows.truncate(a.limit);
-    mark(conn, keys, &mut rows, &a, now)?;
+    mark(conn, fenced.keys, &mut rows, &a, now, CLAIMED_BY_CLAIM)?;
+    let top = rows
+        .iter()
+        .map(|r| r.seq)
+        .filter(|seq| !expiring_seqs.contains(seq))
+        .max()
+        .map(|seq| fenced.keys.of_row(seq));
+    if let Some(top) = top.filter(|top| *top > fenced.claimed_to) {
+        conn.prepare_cached("UPDATE outbox_partitions SET claimed_to=?2 WHERE pid=?1")
+            .map_err(sql_error)?
+            .execute(params![fenced.pid, top])
+            .map_err(sql_error)?;
+    }
     with_envelopes(conn, a.partition, rows)
 }
 
@@ -452,24 +511,27 @@ fn selected(
 
 /// Claims `rows` (sorted by seq, just selected in this transaction) for
 /// `a.owner` under `a.version` at `now`, in the store and in `rows`: one
-/// `UPDATE` per run of consecutive seqs, which a batch mostly is.
+/// `UPDATE` per run of consecutive seqs, which a batch mostly is. Each row
+/// goes to `state`, or stays in a higher one: a stale expiry taken back by a
+/// claim stays in state 2, where invariant 6 finds it.
 fn mark(
     conn: &Connection,
     keys: Keys,
     rows: &mut [RawRecord],
     a: &ClaimArgs<'_>,
     now: i64,
+    state: i64,
 ) -> StoreResult<()> {
     let version = to_i64(a.version)?;
     let mut update = conn
         .prepare_cached(
-            "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, \
+            "UPDATE outbox_records SET state=MAX(state, ?6), claim_version=?3, claim_owner=?4, \
              claimed_at_ns=?5 WHERE key BETWEEN ?1 AND ?2",
         )
         .map_err(sql_error)?;
     for (first, last) in runs(rows.iter().map(|r| keys.of_row(r.seq))) {
         update
-            .execute(params![first, last, version, a.owner, now])
+            .execute(params![first, last, version, a.owner, now, state])
             .map_err(sql_error)?;
     }
     for row in rows {
@@ -532,12 +594,13 @@ fn per_claimed(
     Ok(done)
 }
 
-/// Which records `release` acts on: claimed with exactly its version.
-const CLAIMED: &str = "WHERE key=?1 AND state=1 AND claim_version=?2";
+/// Which records `release` acts on: claimed (by a claim or an expiry) with
+/// exactly its version.
+const CLAIMED: &str = "WHERE key=?1 AND state<>0 AND claim_version=?2";
 
 /// Which records of the key run `?1..=?2` `complete` acts on: claimed with
 /// exactly its version (`?3`).
-const CLAIMED_IN_RUN: &str = "WHERE key BETWEEN ?1 AND ?2 AND state=1 AND claim_version=?3";
+const CLAIMED_IN_RUN: &str = "WHERE key BETWEEN ?1 AND ?2 AND state<>0 AND claim_version=?3";
 
 fn complete(
     conn: &Connection,
@@ -639,7 +702,7 @@ fn release(
 }
 
 fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
-    let keys = advance_fence(conn, a.partition, a.version)?;
+    let fenced = advance_fence(conn, a.partition, a.version)?;
     let now = unix_nanos(a.now)?;
     // The index is on the expression `key >> 40` (the partition's `pid`),
     // which the query must spell the same way.
@@ -650,9 +713,9 @@ fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>>
              WHERE key >> {SEQ_BITS} = ?1 AND state=0 AND expires_at_ns IS NOT NULL \
              AND expires_at_ns<=?3 ORDER BY key LIMIT ?2"
         ),
-        params![keys.pid(), sql_limit(a.limit), now],
+        params![fenced.pid, sql_limit(a.limit), now],
     )?;
-    mark(conn, keys, &mut rows, &a, now)?;
+    mark(conn, fenced.keys, &mut rows, &a, now, CLAIMED_BY_EXPIRE)?;
     with_envelopes(conn, a.partition, rows)
 }
 
@@ -680,7 +743,7 @@ fn stats(conn: &Connection, partition: &str) -> StoreResult<OutboxStats> {
             .get_ref(0)
             .and_then(|v| Ok(v.as_str()?))
             .map_err(sql_error)?;
-        let claimed = row.get::<_, i64>(1).map_err(sql_error)? == 1;
+        let claimed = row.get::<_, i64>(1).map_err(sql_error)? != 0;
         let created_at = row.get::<_, i64>(2).map_err(sql_error)?;
         match groups
             .iter_mut()

@@ -84,6 +84,24 @@ CREATE INDEX IF NOT EXISTS outbox_records_expiry ON outbox_records (key >> 40, e
     WHERE expires_at_ns IS NOT NULL;
 ";
 
+/// From layout 3 to 4 (`super::outbox`, invariant 6): only pending records
+/// and records claimed by `expire` (state 2, rare) are indexed by state, and
+/// each partition keeps the highest key a claim marked (`claimed_to`), below
+/// which every other claimed record lies. A claim then removes one index
+/// entry per record instead of moving it, and a completion touches none.
+/// Also the last step of creating the tables afresh.
+const OUTBOX_V3_TO_V4: &str = "
+ALTER TABLE outbox_partitions ADD COLUMN claimed_to INTEGER NOT NULL DEFAULT 0;
+UPDATE outbox_partitions SET claimed_to = COALESCE((SELECT MAX(key) FROM outbox_records
+    WHERE key BETWEEN outbox_partitions.pid << 40 AND (outbox_partitions.pid << 40) | 1099511627775
+    AND state=1), 0);
+DROP INDEX outbox_records_state;
+-- claim: a partition's pending records (a key range) in key order
+CREATE INDEX outbox_records_pending ON outbox_records (key) WHERE state=0;
+-- claim: records claimed by expire, which may lie above `claimed_to`
+CREATE INDEX outbox_records_expiring ON outbox_records (key) WHERE state=2;
+";
+
 /// Layout 2's records out of the way of layout 3's.
 const OUTBOX_V2_SET_ASIDE: &str = "
 DROP INDEX outbox_records_state;
@@ -171,9 +189,17 @@ pub(super) fn outbox(conn: &Connection) -> StoreResult<()> {
         conn,
         &Schema {
             component: "outbox",
-            version: 3,
-            ddl: &[OUTBOX_PARTITIONS_AND_MESSAGES, OUTBOX_RECORDS_V3],
-            migrations: &[(1, outbox_v1_to_v2), (2, outbox_v2_to_v3)],
+            version: 4,
+            ddl: &[
+                OUTBOX_PARTITIONS_AND_MESSAGES,
+                OUTBOX_RECORDS_V3,
+                OUTBOX_V3_TO_V4,
+            ],
+            migrations: &[
+                (1, outbox_v1_to_v2),
+                (2, outbox_v2_to_v3),
+                (3, outbox_v3_to_v4),
+            ],
         },
     )
 }
@@ -252,6 +278,11 @@ fn outbox_v2_to_v3(conn: &Connection) -> StoreResult<()> {
     all_copied(conn, 3, "outbox_records_v2", "a row the copy missed")?;
     conn.execute_batch("DROP TABLE outbox_records_v2;")
         .map_err(sql_error)
+}
+
+/// See [`OUTBOX_V3_TO_V4`]: the same rows, indexed anew.
+fn outbox_v3_to_v4(conn: &Connection) -> StoreResult<()> {
+    conn.execute_batch(OUTBOX_V3_TO_V4).map_err(sql_error)
 }
 
 /// Fails a migration to `layout` unless `outbox_records` holds as many rows
@@ -347,7 +378,7 @@ fn create(conn: &Connection, schema: &Schema) -> StoreResult<()> {
 mod tests {
     use rusqlite::Connection;
 
-    use crate::stores::conformance::{envelope, sqlite_options, t};
+    use crate::stores::conformance::{STALE, envelope, sqlite_options, t};
     use crate::stores::sqlite::SqliteOutboxStore;
     use crate::stores::{NewMessage, NewRecord, OutboxStore, Release, StoreError, unix_nanos};
 
@@ -498,7 +529,7 @@ mod tests {
                 |r| r.get(0),
             )
             .expect("version");
-        assert_eq!(version, 3);
+        assert_eq!(version, 4);
         let old: i64 = conn
             .query_row(
                 "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%_v1'",
@@ -648,6 +679,10 @@ mod tests {
             summary(store.dump("b/s").await.expect("dump")),
             vec![(7, "id-2-7".into(), "other".into(), None, 0, None, None)]
         );
+        // The migrated claim is found once stale (layout 4's `claimed_to`):
+        // it comes before the pending seqs 2 and 4.
+        let stale = store.claim("b/r", "old-owner", 3, 1, t(1) + STALE).await;
+        assert_eq!(stale.map(|r| r[0].seq), Ok(1));
         // Seqs go on from where they were, fences hold, and every
         // operation finds the migrated records by their seqs.
         let message = NewMessage::new(envelope("new"), t(2), vec![NewRecord::new("x", "out")]);
@@ -678,7 +713,7 @@ mod tests {
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .expect("state");
-        assert_eq!((version, old), (3, 0), "layout 3, layout 2's table gone");
+        assert_eq!((version, old), (4, 0), "layout 4, layout 2's table gone");
     }
 
     /// A record whose seq does not fit in a key stops the migration before
@@ -716,7 +751,7 @@ mod tests {
             .expect("open")
             .execute_batch(
                 "CREATE TABLE ferry_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL);
-                 INSERT INTO ferry_schema VALUES ('outbox', 4);",
+                 INSERT INTO ferry_schema VALUES ('outbox', 5);",
             )
             .expect("newer schema");
         let error = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
@@ -726,7 +761,7 @@ mod tests {
         assert!(
             error
                 .to_string()
-                .contains("outbox schema version 4 was written by a newer"),
+                .contains("outbox schema version 5 was written by a newer"),
             "{error}"
         );
     }
