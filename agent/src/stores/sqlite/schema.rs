@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS outbox_records (
     address             TEXT    NOT NULL,
     created_at_ns       INTEGER NOT NULL,
     expires_at_ns       INTEGER,
-    -- 0 pending, 1 claimed
+    -- 0 pending, 1 claimed (from layout 4: 1 by a claim, 2 by an expiry)
     state               INTEGER NOT NULL,
     claim_version       INTEGER,
     claim_owner         TEXT,
