@@ -377,6 +377,7 @@ fn create(conn: &Connection, schema: &Schema) -> StoreResult<()> {
 #[cfg(test)]
 mod tests {
     use rusqlite::Connection;
+    use rusqlite::types::Value;
 
     use crate::stores::conformance::{STALE, envelope, sqlite_options, t};
     use crate::stores::sqlite::SqliteOutboxStore;
@@ -402,6 +403,21 @@ mod tests {
         WHERE expires_at_ns IS NOT NULL;
     ";
 
+    /// A test record's columns from `state` to `last_error`: claimed under
+    /// `claim` by `old-owner` at `at`, or pending; `replays` failures, the
+    /// first at `at`.
+    fn state_columns(claim: Option<i64>, replays: i64, at: i64) -> [Value; 7] {
+        [
+            i64::from(claim.is_some()).into(),
+            claim.into(),
+            claim.map(|_| "old-owner".to_owned()).into(),
+            claim.map(|_| at).into(),
+            replays.into(),
+            (replays > 0).then_some(at).into(),
+            (replays > 0).then_some("refused".to_owned()).into(),
+        ]
+    }
+
     /// A record row of the first layout: `(partition, seq, binding, name)`,
     /// claimed under `claim` or pending, with `replay_count` failures.
     fn insert_v1(
@@ -417,22 +433,21 @@ mod tests {
              created_at_ns, expires_at_ns, state, claim_version, claim_owner, claimed_at_ns, \
              replay_count, first_attempt_at_ns, last_error) \
              VALUES (?1, ?2, ?3, ?4, 'out', ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-            rusqlite::params![
-                partition,
-                seq,
-                format!("id-{partition}-{seq}"),
-                binding,
-                envelope(name).encode(),
-                at,
-                (binding == "x").then_some(unix_nanos(t(100)).expect("time")),
-                i64::from(claim.is_some()),
-                claim,
-                claim.map(|_| "old-owner"),
-                claim.map(|_| at),
-                replays,
-                (replays > 0).then_some(at),
-                (replays > 0).then_some("refused"),
-            ],
+            rusqlite::params_from_iter(
+                [
+                    Value::from(partition.to_owned()),
+                    seq.into(),
+                    format!("id-{partition}-{seq}").into(),
+                    binding.to_owned().into(),
+                    envelope(name).encode().into(),
+                    at.into(),
+                    (binding == "x")
+                        .then_some(unix_nanos(t(100)).expect("time"))
+                        .into(),
+                ]
+                .into_iter()
+                .chain(state_columns(claim, replays, at)),
+            ),
         )
         .expect("insert v1 record");
     }
@@ -454,13 +469,21 @@ mod tests {
         path
     }
 
-    #[tokio::test]
-    async fn an_outbox_of_the_first_layout_is_migrated_when_opened() {
+    /// A file `file` writes, and the store that opened (and migrated) it.
+    async fn migrated(
+        file: fn(&tempfile::TempDir) -> std::path::PathBuf,
+    ) -> (tempfile::TempDir, std::path::PathBuf, SqliteOutboxStore) {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let path = v1_file(&dir);
+        let path = file(&dir);
         let store = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
             .await
             .expect("open migrates");
+        (dir, path, store)
+    }
+
+    #[tokio::test]
+    async fn an_outbox_of_the_first_layout_is_migrated_when_opened() {
+        let (_dir, path, store) = migrated(v1_file).await;
         let records = store.dump("b/r").await.expect("dump");
         let summary: Vec<_> = records
             .iter()
@@ -550,16 +573,19 @@ mod tests {
             let conn = Connection::open(&path).expect("open");
             insert_v1(&conn, ("b/unknown", 1, "x", "orphan"), None, 0);
         }
-        let error = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
+        refused_unchanged(&dir, "copied 3 of 4 records", (1, 4)).await;
+    }
+
+    /// Opening the outbox in `dir` fails with an error that says `why`, and
+    /// the file is left at `(schema version, records)`.
+    async fn refused_unchanged(dir: &tempfile::TempDir, why: &str, left: (i64, i64)) {
+        let error = SqliteOutboxStore::open(sqlite_options(dir, "outbox.db"))
             .await
             .err()
             .expect("refused");
-        assert!(
-            error.to_string().contains("copied 3 of 4 records"),
-            "{error}"
-        );
-        let conn = Connection::open(&path).expect("reopen");
-        let (version, records): (i64, i64) = conn
+        assert!(error.to_string().contains(why), "{error}");
+        let conn = Connection::open(dir.path().join("outbox.db")).expect("reopen");
+        let found: (i64, i64) = conn
             .query_row(
                 "SELECT (SELECT version FROM ferry_schema WHERE component='outbox'), \
                  (SELECT COUNT(*) FROM outbox_records)",
@@ -567,7 +593,7 @@ mod tests {
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .expect("state");
-        assert_eq!((version, records), (1, 4));
+        assert_eq!(found, left);
     }
 
     /// A file of layout 2 (records keyed `(pid, seq)`): partition `b/r`
@@ -613,21 +639,18 @@ mod tests {
             conn.execute(
                 "INSERT INTO outbox_records VALUES (?1, ?2, ?3, ?4, 'x', 'out', ?5, ?6, ?7, ?8, \
                  ?9, ?10, ?11, ?12, ?13)",
-                rusqlite::params![
-                    pid,
-                    seq,
-                    msg,
-                    format!("id-{pid}-{seq}"),
-                    at,
-                    expiry,
-                    i64::from(claim.is_some()),
-                    claim,
-                    claim.map(|_| "old-owner"),
-                    claim.map(|_| at),
-                    replays,
-                    (replays > 0).then_some(at),
-                    (replays > 0).then_some("refused"),
-                ],
+                rusqlite::params_from_iter(
+                    [
+                        Value::from(pid),
+                        seq.into(),
+                        msg.into(),
+                        format!("id-{pid}-{seq}").into(),
+                        at.into(),
+                        expiry.into(),
+                    ]
+                    .into_iter()
+                    .chain(state_columns(claim, replays, at)),
+                ),
             )
             .expect("record");
         }
@@ -636,11 +659,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_outbox_of_the_second_layout_is_migrated_when_opened() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let path = v2_file(&dir);
-        let store = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
-            .await
-            .expect("open migrates");
+        let (_dir, path, store) = migrated(v2_file).await;
         let summary = |records: Vec<crate::stores::OutboxRecord>| -> Vec<_> {
             records
                 .into_iter()
@@ -726,21 +745,7 @@ mod tests {
             .expect("open")
             .execute("UPDATE outbox_records SET seq = 1 << 40 WHERE seq = 7", [])
             .expect("a seq past 2^40");
-        let error = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
-            .await
-            .err()
-            .expect("refused");
-        assert!(error.to_string().contains("layout 3: 1 records"), "{error}");
-        let conn = Connection::open(&path).expect("reopen");
-        let (version, records): (i64, i64) = conn
-            .query_row(
-                "SELECT (SELECT version FROM ferry_schema WHERE component='outbox'), \
-                 (SELECT COUNT(*) FROM outbox_records)",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .expect("state");
-        assert_eq!((version, records), (2, 4));
+        refused_unchanged(&dir, "layout 3: 1 records", (2, 4)).await;
     }
 
     #[tokio::test]
