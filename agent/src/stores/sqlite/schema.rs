@@ -9,8 +9,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::sql_error;
 use crate::stores::{StoreError, StoreResult};
 
-/// The outbox's partitions and messages, the same since layout 2 (layout and
-/// invariants: `super::outbox`).
+/// The outbox's partitions and messages as layout 2 created them (layout 4
+/// adds `claimed_to`; layout and invariants: `super::outbox`).
 const OUTBOX_PARTITIONS_AND_MESSAGES: &str = "
 CREATE TABLE IF NOT EXISTS outbox_partitions (
     pid       INTEGER PRIMARY KEY,
@@ -89,12 +89,13 @@ CREATE INDEX IF NOT EXISTS outbox_records_expiry ON outbox_records (key >> 40, e
 /// each partition keeps the highest key a claim marked (`claimed_to`), below
 /// which every other claimed record lies. A claim then removes one index
 /// entry per record instead of moving it, and a completion touches none.
+/// Layout 3 did not tell a claim from an expiry's, and an expiry may claim
+/// records far ahead, so every record claimed in layout 3 goes to state 2:
+/// found through its index wherever it lies, and `claimed_to` starts at 0.
 /// Also the last step of creating the tables afresh.
 const OUTBOX_V3_TO_V4: &str = "
 ALTER TABLE outbox_partitions ADD COLUMN claimed_to INTEGER NOT NULL DEFAULT 0;
-UPDATE outbox_partitions SET claimed_to = COALESCE((SELECT MAX(key) FROM outbox_records
-    WHERE key BETWEEN outbox_partitions.pid << 40 AND (outbox_partitions.pid << 40) | 1099511627775
-    AND state=1), 0);
+UPDATE outbox_records SET state=2 WHERE state=1;
 DROP INDEX outbox_records_state;
 -- claim: a partition's pending records (a key range) in key order
 CREATE INDEX outbox_records_pending ON outbox_records (key) WHERE state=0;
@@ -253,20 +254,23 @@ fn outbox_v1_to_v2(conn: &Connection) -> StoreResult<()> {
 }
 
 /// From records keyed `(pid, seq)` to records keyed by `pid << 40 | seq`:
-/// the same rows, refused (and rolled back) when a `pid` or a seq does not
-/// fit in its bits, which no file written by a build of layout 2 holds.
+/// the same rows, refused (and rolled back) when a `pid` or a seq (of a
+/// record or a partition's last) does not fit in its bits, which no file
+/// written by a build of layout 2 holds.
 fn outbox_v2_to_v3(conn: &Connection) -> StoreResult<()> {
     let misfits: i64 = conn
         .query_row(
-            "SELECT COUNT(*) FROM outbox_records WHERE pid NOT BETWEEN 0 AND ?1 \
-             OR seq NOT BETWEEN 0 AND ?2",
+            "SELECT (SELECT COUNT(*) FROM outbox_records WHERE pid NOT BETWEEN 0 AND ?1 \
+               OR seq NOT BETWEEN 0 AND ?2) \
+             + (SELECT COUNT(*) FROM outbox_partitions WHERE pid NOT BETWEEN 0 AND ?1 \
+               OR last_seq NOT BETWEEN 0 AND ?2)",
             params![super::outbox::MAX_PID, super::outbox::MAX_SEQ as i64],
             |r| r.get(0),
         )
         .map_err(sql_error)?;
     if misfits > 0 {
         return Err(StoreError::Corrupt(format!(
-            "outbox migration to layout 3: {misfits} records have a partition id above {} or a \
+            "outbox migration to layout 3: {misfits} rows have a partition id above {} or a \
              seq above {}; the file was left as it was",
             super::outbox::MAX_PID,
             super::outbox::MAX_SEQ
@@ -304,10 +308,14 @@ fn all_copied(conn: &Connection, layout: u32, old: &str, why: &str) -> StoreResu
 
 fn ensure(conn: &Connection, schema: &Schema) -> StoreResult<()> {
     conn.execute_batch("BEGIN IMMEDIATE").map_err(sql_error)?;
-    let result = create(conn, schema);
-    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-    conn.execute_batch(end).map_err(sql_error)?;
-    result
+    if let Err(error) = create(conn, schema) {
+        // A failed step may have made SQLite roll back already (a full disk,
+        // `max_size_bytes`): the ROLLBACK then fails, and the step's error is
+        // the one that says why.
+        let _ = conn.execute_batch("ROLLBACK");
+        return Err(error);
+    }
+    conn.execute_batch("COMMIT").map_err(sql_error)
 }
 
 fn create(conn: &Connection, schema: &Schema) -> StoreResult<()> {
@@ -380,7 +388,7 @@ mod tests {
     use rusqlite::types::Value;
 
     use crate::stores::conformance::{STALE, envelope, sqlite_options, t};
-    use crate::stores::sqlite::SqliteOutboxStore;
+    use crate::stores::sqlite::{SqliteOptions, SqliteOutboxStore};
     use crate::stores::{NewMessage, NewRecord, OutboxStore, Release, StoreError, unix_nanos};
 
     /// The first layout, as builds before it created it.
@@ -584,16 +592,20 @@ mod tests {
             .err()
             .expect("refused");
         assert!(error.to_string().contains(why), "{error}");
-        let conn = Connection::open(dir.path().join("outbox.db")).expect("reopen");
-        let found: (i64, i64) = conn
+        assert_eq!(version_and_records(dir), left);
+    }
+
+    /// The outbox file's schema version and number of records.
+    fn version_and_records(dir: &tempfile::TempDir) -> (i64, i64) {
+        Connection::open(dir.path().join("outbox.db"))
+            .expect("reopen")
             .query_row(
                 "SELECT (SELECT version FROM ferry_schema WHERE component='outbox'), \
                  (SELECT COUNT(*) FROM outbox_records)",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
-            .expect("state");
-        assert_eq!(found, left);
+            .expect("state")
     }
 
     /// A file of layout 2 (records keyed `(pid, seq)`): partition `b/r`
@@ -612,7 +624,6 @@ mod tests {
             .expect("v2 partitions and messages");
         conn.execute_batch(super::OUTBOX_RECORDS_V2)
             .expect("v2 records");
-        let at = unix_nanos(t(1)).expect("time");
         let expires = unix_nanos(t(100)).expect("time");
         conn.execute(
             "INSERT INTO outbox_partitions VALUES (1, 'b/r', 3, 4), (2, 'b/s', 0, 7)",
@@ -636,25 +647,67 @@ mod tests {
             (1, 4, 2, None, 0, Some(expires)),
             (2, 7, 3, None, 0, None),
         ] {
-            conn.execute(
-                "INSERT INTO outbox_records VALUES (?1, ?2, ?3, ?4, 'x', 'out', ?5, ?6, ?7, ?8, \
-                 ?9, ?10, ?11, ?12, ?13)",
-                rusqlite::params_from_iter(
-                    [
-                        Value::from(pid),
-                        seq.into(),
-                        msg.into(),
-                        format!("id-{pid}-{seq}").into(),
-                        at.into(),
-                        expiry.into(),
-                    ]
-                    .into_iter()
-                    .chain(state_columns(claim, replays, at)),
-                ),
-            )
-            .expect("record");
+            let id = format!("id-{pid}-{seq}");
+            insert_v2(&conn, (pid, seq, msg, &id), claim, replays, expiry);
         }
         path
+    }
+
+    /// A record row of layout 2: `(pid, seq, msg, id)`, claimed under
+    /// `claim` or pending, with `replays` failures, expiring at `expiry`.
+    fn insert_v2(
+        conn: &Connection,
+        row: (i64, i64, i64, &str),
+        claim: Option<i64>,
+        replays: i64,
+        expiry: Option<i64>,
+    ) {
+        let (pid, seq, msg, id) = row;
+        let at = unix_nanos(t(1)).expect("time");
+        conn.execute(
+            "INSERT INTO outbox_records VALUES (?1, ?2, ?3, ?4, 'x', 'out', ?5, ?6, ?7, ?8, ?9, \
+             ?10, ?11, ?12, ?13)",
+            rusqlite::params_from_iter(
+                [
+                    Value::from(pid),
+                    seq.into(),
+                    msg.into(),
+                    id.to_owned().into(),
+                    at.into(),
+                    expiry.into(),
+                ]
+                .into_iter()
+                .chain(state_columns(claim, replays, at)),
+            ),
+        )
+        .expect("record");
+    }
+
+    /// A migration needs room for its copy of the records: under
+    /// `max_size_bytes` without it, the store refuses to open as `full` and
+    /// the file is left as it was.
+    #[tokio::test]
+    async fn a_migration_without_room_for_its_copy_is_refused_as_full() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = v2_file(&dir);
+        {
+            let conn = Connection::open(&path).expect("open");
+            for seq in 8..1_008 {
+                let id = format!("{seq:0>200}");
+                insert_v2(&conn, (2, seq, 3, &id), None, 0, None);
+            }
+        }
+        let size = std::fs::metadata(&path).expect("size").len();
+        let options = SqliteOptions {
+            max_size_bytes: Some(size),
+            ..sqlite_options(&dir, "outbox.db")
+        };
+        let error = SqliteOutboxStore::open(options)
+            .await
+            .err()
+            .expect("refused");
+        assert!(matches!(error, StoreError::Full(_)), "{error}");
+        assert_eq!(version_and_records(&dir), (2, 1_004));
     }
 
     #[tokio::test]
@@ -698,8 +751,8 @@ mod tests {
             summary(store.dump("b/s").await.expect("dump")),
             vec![(7, "id-2-7".into(), "other".into(), None, 0, None, None)]
         );
-        // The migrated claim is found once stale (layout 4's `claimed_to`):
-        // it comes before the pending seqs 2 and 4.
+        // The migrated claim is found once stale (in state 2, through its
+        // index): it comes before the pending seqs 2 and 4.
         let stale = store.claim("b/r", "old-owner", 3, 1, t(1) + STALE).await;
         assert_eq!(stale.map(|r| r[0].seq), Ok(1));
         // Seqs go on from where they were, fences hold, and every
@@ -745,7 +798,7 @@ mod tests {
             .expect("open")
             .execute("UPDATE outbox_records SET seq = 1 << 40 WHERE seq = 7", [])
             .expect("a seq past 2^40");
-        refused_unchanged(&dir, "layout 3: 1 records", (2, 4)).await;
+        refused_unchanged(&dir, "layout 3: 1 rows", (2, 4)).await;
     }
 
     #[tokio::test]
