@@ -106,6 +106,11 @@ impl Keys {
         (seq <= MAX_SEQ).then_some(self.base | seq as i64)
     }
 
+    /// The partition's `pid`.
+    fn pid(self) -> i64 {
+        self.base >> SEQ_BITS
+    }
+
     /// The key of a seq read from one of the partition's rows.
     fn of_row(self, seq: i64) -> i64 {
         self.base | seq
@@ -380,7 +385,6 @@ struct ClaimArgs<'a> {
 /// The partition a claim or an expiry works on, past its fence.
 struct Fenced {
     keys: Keys,
-    pid: i64,
     /// The partition's `claimed_to` (invariant 6).
     claimed_to: i64,
 }
@@ -390,10 +394,8 @@ struct Fenced {
 /// the stores).
 fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<Fenced> {
     let Some(p) = fence(conn, partition, version)? else {
-        let pid = insert_partition(conn, partition, version)?;
         return Ok(Fenced {
-            keys: Keys::of(pid)?,
-            pid,
+            keys: Keys::of(insert_partition(conn, partition, version)?)?,
             claimed_to: 0,
         });
     };
@@ -426,7 +428,6 @@ fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResul
     }
     Ok(Fenced {
         keys,
-        pid: p.pid,
         claimed_to: p.claimed_to,
     })
 }
@@ -489,7 +490,7 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     if let Some(top) = top.filter(|top| *top > fenced.claimed_to) {
         conn.prepare_cached("UPDATE outbox_partitions SET claimed_to=?2 WHERE pid=?1")
             .map_err(sql_error)?
-            .execute(params![fenced.pid, top])
+            .execute(params![fenced.keys.pid(), top])
             .map_err(sql_error)?;
     }
     with_envelopes(conn, a.partition, rows)
@@ -713,7 +714,7 @@ fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>>
              WHERE key >> {SEQ_BITS} = ?1 AND state=0 AND expires_at_ns IS NOT NULL \
              AND expires_at_ns<=?3 ORDER BY key LIMIT ?2"
         ),
-        params![fenced.pid, sql_limit(a.limit), now],
+        params![fenced.keys.pid(), sql_limit(a.limit), now],
     )?;
     mark(conn, fenced.keys, &mut rows, &a, now, CLAIMED_BY_EXPIRE)?;
     with_envelopes(conn, a.partition, rows)
