@@ -6,7 +6,8 @@
 //!   it when it is connected, before WAL is switched on; an existing one (created by an older build) is converted once
 //!   with `VACUUM` when it is opened. The conversion needs free disk space of
 //!   about the file's size; when it fails the store still opens (a warning
-//!   says the file will not shrink).
+//!   says the file will not shrink) and [`shrink_when_idle`] leaves it
+//!   alone.
 //! - The writer thread calls [`shrink_when_idle`] when its queue is empty.
 //!   It costs two header reads unless at least half the file, and at least
 //!   [`MIN_FREE_BYTES`], is free pages; then it returns them in steps of
@@ -84,11 +85,21 @@ pub(super) fn shrink_when_idle(conn: &Connection, idle: impl Fn() -> bool) -> St
     if free.saturating_mul(page_size) < MIN_FREE_BYTES {
         return Ok(false);
     }
+    // A file whose conversion failed (see `enable_incremental`) keeps its
+    // free pages: `incremental_vacuum` does nothing there.
+    if pragma_i64(conn, "auto_vacuum")? != INCREMENTAL {
+        return Ok(false);
+    }
+    let mut left = free;
     loop {
         run_to_end(conn, &format!("PRAGMA incremental_vacuum({STEP_PAGES})")).map_err(sql_error)?;
-        if pragma_i64(conn, "freelist_count")? == 0 || !idle() {
+        let now = pragma_i64(conn, "freelist_count")?;
+        // A step that returned nothing would return nothing again: stop
+        // rather than spin while the writer is idle.
+        if now == 0 || now >= left || !idle() {
             break;
         }
+        left = now;
     }
     truncate_wal(conn)?;
     Ok(true)
@@ -103,4 +114,49 @@ fn truncate_wal(conn: &Connection) -> StoreResult<()> {
     conn.busy_timeout(Duration::from_millis(u64::try_from(busy_ms).unwrap_or(0)))
         .map_err(sql_error)?;
     checkpoint.map_err(sql_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file in auto-vacuum `mode` whose 4 MB of rows were deleted: about
+    /// a thousand free pages, all of the file but its tables' roots.
+    fn file_with_free_pages(mode: &str) -> (Connection, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let conn = Connection::open(dir.path().join("v.db")).expect("open");
+        conn.execute_batch(&format!(
+            "PRAGMA auto_vacuum={mode}; PRAGMA journal_mode=WAL; CREATE TABLE t (x BLOB); \
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000) \
+             INSERT INTO t SELECT zeroblob(4000) FROM n; DELETE FROM t;"
+        ))
+        .expect("a file with free pages");
+        assert!(pragma_i64(&conn, "freelist_count").expect("freelist") > 900);
+        (conn, dir)
+    }
+
+    #[test]
+    fn an_incremental_file_gives_its_free_pages_back() {
+        let (conn, _dir) = file_with_free_pages("INCREMENTAL");
+        assert_eq!(shrink_when_idle(&conn, || true), Ok(true));
+        assert_eq!(pragma_i64(&conn, "freelist_count"), Ok(0));
+    }
+
+    /// A file whose conversion to incremental auto-vacuum failed keeps its
+    /// free pages, and the idle writer must not step forever trying to
+    /// return them (it did: `incremental_vacuum` does nothing there, and
+    /// the writer spun while idle and never closed).
+    #[test]
+    fn a_file_without_incremental_auto_vacuum_is_left_as_it_is() {
+        let (conn, dir) = file_with_free_pages("NONE");
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _dir = dir;
+            let _ = done.send(shrink_when_idle(&conn, || true));
+        });
+        let shrunk = finished
+            .recv_timeout(Duration::from_secs(10))
+            .expect("shrink_when_idle returned");
+        assert_eq!(shrunk, Ok(false));
+    }
 }
