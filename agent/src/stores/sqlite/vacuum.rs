@@ -96,13 +96,14 @@ pub(super) fn shrink_when_idle(conn: &Connection, idle: impl Fn() -> bool) -> St
         let now = pragma_i64(conn, "freelist_count")?;
         // A step that returned nothing would return nothing again: stop
         // rather than spin while the writer is idle.
-        if now == 0 || now >= left || !idle() {
+        let returned = now < left;
+        left = now;
+        if now == 0 || !returned || !idle() {
             break;
         }
-        left = now;
     }
     truncate_wal(conn)?;
-    Ok(true)
+    Ok(left < free)
 }
 
 /// `wal_checkpoint(TRUNCATE)` without waiting on a reader: the busy timeout
@@ -120,26 +121,29 @@ fn truncate_wal(conn: &Connection) -> StoreResult<()> {
 mod tests {
     use super::*;
 
-    /// A file in auto-vacuum `mode` whose 4 MB of rows were deleted: about
-    /// a thousand free pages, all of the file but its tables' roots.
-    fn file_with_free_pages(mode: &str) -> (Connection, tempfile::TempDir) {
+    /// A file in auto-vacuum `mode` whose 10 MB of rows were deleted: about
+    /// 2 500 free pages, more than two steps' worth, and all of the file
+    /// but its tables' roots.
+    fn file_with_free_pages(mode: &str) -> (tempfile::TempDir, Connection) {
         let dir = tempfile::tempdir().expect("temporary directory");
         let conn = Connection::open(dir.path().join("v.db")).expect("open");
         conn.execute_batch(&format!(
             "PRAGMA auto_vacuum={mode}; PRAGMA journal_mode=WAL; CREATE TABLE t (x BLOB); \
-             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000) \
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2500) \
              INSERT INTO t SELECT zeroblob(4000) FROM n; DELETE FROM t;"
         ))
         .expect("a file with free pages");
-        assert!(pragma_i64(&conn, "freelist_count").expect("freelist") > 900);
-        (conn, dir)
+        assert!(pragma_i64(&conn, "freelist_count").expect("freelist") > 2 * STEP_PAGES);
+        (dir, conn)
     }
 
     #[test]
     fn an_incremental_file_gives_its_free_pages_back() {
-        let (conn, _dir) = file_with_free_pages("INCREMENTAL");
+        let (dir, conn) = file_with_free_pages("INCREMENTAL");
         assert_eq!(shrink_when_idle(&conn, || true), Ok(true));
         assert_eq!(pragma_i64(&conn, "freelist_count"), Ok(0));
+        drop(conn);
+        drop(dir);
     }
 
     /// A file whose conversion to incremental auto-vacuum failed keeps its
@@ -148,11 +152,13 @@ mod tests {
     /// the writer spun while idle and never closed).
     #[test]
     fn a_file_without_incremental_auto_vacuum_is_left_as_it_is() {
-        let (conn, dir) = file_with_free_pages("NONE");
+        let (dir, conn) = file_with_free_pages("NONE");
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let _dir = dir;
-            let _ = done.send(shrink_when_idle(&conn, || true));
+            let shrunk = shrink_when_idle(&conn, || true);
+            drop(conn);
+            drop(dir);
+            let _ = done.send(shrunk);
         });
         let shrunk = finished
             .recv_timeout(Duration::from_secs(10))
