@@ -22,12 +22,13 @@ events=$(echo "$calls" | sed 's/\([a-z0-9_]*\)/syscalls:sys_enter_\1/g')
 
 "$bench" --scenario fan-out --agent "$agent" "$@" >"$out.bench" 2>&1 &
 bench_pid=$!
-# The agent is ferry-bench's child running `AGENT run`; the Mosquitto bridge runs first.
+trap 'kill "$bench_pid" 2>/dev/null || true' EXIT
+# The agent is ferry-bench's child running `AGENT run --config …` (not its `AGENT run --help`
+# check); the Mosquitto bridge runs first, so wait as long as the bench runs.
 pid=
-for _ in $(seq 1 3000); do
-    pid=$(pgrep -P "$bench_pid" -f "^$agent run" | head -1 || true)
+while kill -0 "$bench_pid" 2>/dev/null; do
+    pid=$(pgrep -P "$bench_pid" -f "^$agent run --config" | head -1 || true)
     [ -n "$pid" ] && break
-    kill -0 "$bench_pid" 2>/dev/null || break
     sleep 0.01
 done
 if [ -z "$pid" ]; then
@@ -35,32 +36,41 @@ if [ -z "$pid" ]; then
     exit 1
 fi
 # Both end when the agent exits.
-perf stat -o "$out.syscalls" -e "$events" -p "$pid" 2>/dev/null &
-perf record -q -o "$out.data" -F 2000 -e cpu-clock -g -p "$pid" 2>/dev/null &
+perf stat -o "$out.syscalls" -e "$events" -p "$pid" 2>"$out.stat.log" &
+perf record -q -o "$out.data" -F 2000 -e cpu-clock -g -p "$pid" 2>"$out.record.log" &
 wait "$bench_pid" || true
-wait
+wait || true
+trap - EXIT
 
 grep -E "agent CPU|throughput \(worst" "$out.bench" || true
-grep -E "syscalls:" "$out.syscalls" | awk '{printf "%10s %s\n", $1, $2}'
+for f in "$out.syscalls" "$out.data"; do
+    if [ ! -s "$f" ]; then
+        echo "perf-agent: perf wrote no $f; see $out.stat.log and $out.record.log" >&2
+        exit 1
+    fi
+done
+grep -E "syscalls:" "$out.syscalls" | awk '{printf "%10s %s\n", $1, $2}' || true
 perf script -i "$out.data" -F comm,ip,sym 2>/dev/null | python3 -c '
 import re, sys, collections
 by, threads, total = collections.defaultdict(collections.Counter), collections.Counter(), 0
 for sample in sys.stdin.read().split("\n\n"):
     lines = [l.strip() for l in sample.strip().split("\n") if l.strip()]
-    if not lines:
+    if len(lines) < 2:
         continue
-    comm, frames = lines[0].split()[0], [l.split(None, 1)[-1] for l in lines[1:]]
+    comm = lines[0].split()[0]
+    frames = [l.split(None, 1) for l in lines[1:]]
     total += 1
     threads[comm] += 1
-    kind = "user"
-    for frame in frames:
-        call = re.search(r"__x64_sys_(\w+)", frame)
-        if call:
-            kind = call.group(1)
-            break
+    # Kernel addresses start with ffff: a sample whose first frame is not one is user time.
+    if not frames[0][0].startswith("ffff"):
+        kind = "user"
     else:
-        if any(re.search(r"irqentry|asm_|sysvec|finish_task_switch", f) for f in frames[:8]):
-            kind = "interrupt, preemption"
+        kind = "kernel, outside a system call (interrupts, preemption, page faults)"
+        for frame in frames:
+            call = re.search(r"__x64_sys_(\w+)", frame[-1])
+            if call:
+                kind = call.group(1)
+                break
     by[comm][kind] += 1
 for comm, n in threads.most_common():
     print(f"{comm:18} {100 * n / total:5.1f} % of the samples")
