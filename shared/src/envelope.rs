@@ -144,13 +144,14 @@ impl Envelope {
 
     /// The storage encoding: a format byte, then the protobuf message.
     pub fn encode(&self) -> Vec<u8> {
-        let message = pb::Envelope::from(self);
-        let mut out = Vec::with_capacity(1 + message.encoded_len());
-        out.push(FORMAT_V1);
-        // Writing into a Vec cannot run out of space, so this cannot fail;
-        // `encode_raw` states that without a Result.
-        message.encode_raw(&mut out);
-        out
+        encode_v1(&pb::Envelope::from(self))
+    }
+
+    /// [`Envelope::encode`] of an envelope not needed afterwards: its text
+    /// fields move into the encoding instead of being copied (the outbox's
+    /// append, once per message).
+    pub fn into_encoded(self) -> Vec<u8> {
+        encode_v1(&pb::Envelope::from(self))
     }
 
     /// Decodes [`Envelope::encode`]'s output.
@@ -167,37 +168,44 @@ impl Envelope {
 
 impl From<&Envelope> for pb::Envelope {
     fn from(e: &Envelope) -> Self {
-        pb::Envelope {
-            id: e.id.clone(),
-            headers: e
-                .headers
-                .iter()
-                .map(|(key, value)| pb::Header {
-                    key: key.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
-            payload: e.payload.to_vec(),
-            content_type: e.content_type.clone().unwrap_or_default(),
-            source: Some(pb::Source {
-                transport: e.source.transport.clone(),
-                session_id: e.source.session_id.clone(),
-                address: e.source.address.clone(),
-                received_at: Some(e.source.received_at.into()),
-            }),
-            expires_at: e.expires_at.map(Into::into),
-            trace: Some(pb::TraceContext {
-                traceparent: e.trace.traceparent.clone().unwrap_or_default(),
-                tracestate: e.trace.tracestate.clone().unwrap_or_default(),
-            }),
-        }
+        pb::Envelope::from(e.clone())
     }
 }
 
 impl From<Envelope> for pb::Envelope {
     fn from(e: Envelope) -> Self {
-        pb::Envelope::from(&e)
+        pb::Envelope {
+            id: e.id,
+            headers: e
+                .headers
+                .into_iter()
+                .map(|(key, value)| pb::Header { key, value })
+                .collect(),
+            payload: Vec::from(e.payload),
+            content_type: e.content_type.unwrap_or_default(),
+            source: Some(pb::Source {
+                transport: e.source.transport,
+                session_id: e.source.session_id,
+                address: e.source.address,
+                received_at: Some(e.source.received_at.into()),
+            }),
+            expires_at: e.expires_at.map(Into::into),
+            trace: Some(pb::TraceContext {
+                traceparent: e.trace.traceparent.unwrap_or_default(),
+                tracestate: e.trace.tracestate.unwrap_or_default(),
+            }),
+        }
     }
+}
+
+/// The storage encoding of `message`: the format byte, then the protobuf.
+fn encode_v1(message: &pb::Envelope) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + message.encoded_len());
+    out.push(FORMAT_V1);
+    // Writing into a Vec cannot run out of space, so this cannot fail;
+    // `encode_raw` states that without a Result.
+    message.encode_raw(&mut out);
+    out
 }
 
 impl TryFrom<pb::Envelope> for Envelope {

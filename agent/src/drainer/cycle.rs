@@ -230,7 +230,7 @@ impl Drainer {
                 () = stop.cancelled(), if !stopping => {}
                 Some((record, result)) = sends.next(), if !sends.is_empty() => {
                     // Every record in flight came through its lane.
-                    let lane = lanes.entry(record.binding.clone()).or_default();
+                    let lane = lane(&mut lanes, &record.binding);
                     lane.in_flight = lane.in_flight.saturating_sub(1);
                     match result {
                         Ok(()) => outcomes.accepted.push(record),
@@ -321,7 +321,7 @@ impl Drainer {
                 };
                 outcomes.dead.push((r, f));
             } else {
-                let lane = lanes.entry(r.binding.clone()).or_default();
+                let lane = lane(lanes, &r.binding);
                 if lane.stopped {
                     outcomes.untried.push(r.seq);
                 } else {
@@ -341,16 +341,18 @@ impl Drainer {
     ) {
         for lane in lanes.values_mut() {
             while !lane.stopped && lane.in_flight < SEND_WINDOW {
-                let Some(r) = lane.queue.pop_front() else {
+                let Some(mut r) = lane.queue.pop_front() else {
                     break;
                 };
                 lane.in_flight += 1;
                 let sender = Arc::clone(&self.sender);
                 sends.push(Box::pin(async move {
-                    let address = Address::new(r.address.clone());
+                    // Lent to the send and given back: no copy per send.
+                    let address = Address::new(std::mem::take(&mut r.address));
                     let attempt = r.replay_count.saturating_add(1);
                     let result =
                         spans::send(&*sender, &r.envelope, &r.binding, &address, attempt).await;
+                    r.address = address.into_string();
                     (r, result)
                 }));
             }
@@ -533,6 +535,15 @@ fn joined(result: Result<StoreResult<()>, tokio::task::JoinError>) -> StoreResul
 }
 
 /// Stops every lane: its queued records go back untried.
+/// The lane of `binding`, created on its first record. Looked up by
+/// reference first: the key is copied once per binding, not per record.
+fn lane<'a>(lanes: &'a mut HashMap<String, Lane>, binding: &str) -> &'a mut Lane {
+    if !lanes.contains_key(binding) {
+        lanes.insert(binding.to_owned(), Lane::default());
+    }
+    lanes.get_mut(binding).expect("inserted above")
+}
+
 fn halt(lanes: &mut HashMap<String, Lane>, outcomes: &mut Outcomes) {
     for lane in lanes.values_mut() {
         lane.stop(outcomes);

@@ -90,6 +90,11 @@ impl Address {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The address's text, given back.
+    pub fn into_string(self) -> String {
+        self.0
+    }
 }
 
 impl fmt::Display for Address {
