@@ -12,6 +12,8 @@
 //!   40 | seq` (the table's rowid, see [`Keys`]): the record's own fields
 //!   and the state that claims, completions and releases change, but not the
 //!   envelope.
+//! - `outbox_claims` (layout 5): a row per run of fresh records one claim
+//!   took: its first and last key, version, owner and time (invariant 7).
 //!
 //! # Invariants
 //!
@@ -23,22 +25,38 @@
 //! 2. The job that deletes the last record of a message's range deletes the
 //!    message row (`complete` is the only deletion): no envelope outlives its
 //!    records, and none is deleted before them.
-//! 3. Claims, completions, releases and expiries write `outbox_records` and
-//!    its indexes only, never a page of an envelope; a completion also
-//!    deletes the message rows it emptied.
+//! 3. Claims, completions, releases and expiries write `outbox_records`,
+//!    its indexes and `outbox_claims` only, never a page of an envelope; a
+//!    completion also deletes the message rows it emptied.
 //! 4. A call that returns records decodes each message's envelope once and
 //!    gives its records one `Arc` of it.
 //! 5. A record's `key` is `pid << 40 | seq`: a partition's records are the
 //!    key range of its `pid`, in seq order, and a seq never reaches 2^40.
 //! 6. A record's `state` is 0 pending, 1 claimed by `claim`, 2 claimed by
-//!    `expire`. Pending records are in the index `outbox_records_pending`
-//!    and records in state 2 in `outbox_records_expiring`; records in state
-//!    1 are in no state index, and their keys are at most their partition's
-//!    `claimed_to`, the highest key a claim ever marked 1. A claim removes a
+//!    `expire`, 3 fresh (invariant 7). Pending records are in the index
+//!    `outbox_records_pending` and records in state 2 in
+//!    `outbox_records_expiring`; records in states 1 and 3 are in no state
+//!    index, and records in state 1 have keys at most their partition's
+//!    `claimed_to`, the highest key a claim took. A claim removes a
 //!    record's index entry instead of moving it, a completion touches none,
 //!    and the search for stale claims reads the keys up to `claimed_to` —
 //!    the oldest records, as claims take the oldest pending ones — and the
 //!    few records in state 2 (an expiry may claim records far ahead).
+//! 7. An append writes its records in state 3, *fresh*: in no index, and
+//!    claimed by position. A fresh record above its partition's
+//!    `claimed_to` is pending; one at or below it is claimed by the
+//!    `outbox_claims` row whose run `first_key..=last_key` holds it, and
+//!    every fresh record at or below `claimed_to` lies in exactly one run.
+//!    A claim takes fresh records as a prefix of those above `claimed_to`
+//!    (the oldest pending records are taken first, invariant 6) and writes
+//!    one run row for them, not a row per record — the per-record write
+//!    that cost a fan-out's claim most. Runs never overlap. Whatever acts
+//!    on one record of a run otherwise (a release, a claim taking back a
+//!    stale run) first gives it its own claim in state 1 (*materialize*);
+//!    a completion deletes fresh records by their run's version. A run row
+//!    goes with the last fresh record in it; a newer lease version deletes
+//!    every run of the partition and sets `claimed_to` back to 0, so every
+//!    fresh record is pending again.
 //!
 //! Every operation but `stats` is one job of the writer (atomic and, when
 //! answered, committed); `stats` reads on the read connection. Only `append`
@@ -66,9 +84,10 @@ const COLUMNS: &str = "key, msg, id, binding, address, created_at_ns, expires_at
 const PENDING: &str = "outbox_records INDEXED BY outbox_records_pending";
 /// The records claimed by `expire` by key (invariant 6).
 const EXPIRING: &str = "outbox_records INDEXED BY outbox_records_expiring";
-/// The states of invariant 6.
+/// The states of invariants 6 and 7.
 const CLAIMED_BY_CLAIM: i64 = 1;
 const CLAIMED_BY_EXPIRE: i64 = 2;
+const FRESH: i64 = 3;
 
 /// The bits of a record's key that hold its seq; its partition's `pid` is
 /// the bits above (invariant 5). One integer key makes `outbox_records` a
@@ -167,13 +186,19 @@ impl SqliteOutboxStore {
                 let Some(p) = partition_row(conn, &partition)? else {
                     return Ok(Vec::new());
                 };
-                let sql = format!(
-                    "SELECT {COLUMNS} FROM outbox_records WHERE key BETWEEN ?1 AND ?2 ORDER BY key"
-                );
-                let mut stmt = conn.prepare(&sql).map_err(sql_error)?;
+                // A fresh record at or below `claimed_to` has the claim of
+                // the run holding it (invariant 7).
+                let sql = "SELECT r.key, r.msg, r.id, r.binding, r.address, r.created_at_ns, \
+                    r.expires_at_ns, COALESCE(r.claim_version, c.version), \
+                    COALESCE(r.claim_owner, c.owner), COALESCE(r.claimed_at_ns, c.claimed_at_ns), \
+                    r.replay_count, r.first_attempt_at_ns, r.last_error \
+                    FROM outbox_records r LEFT JOIN outbox_claims c ON r.state=3 AND r.key<=?3 \
+                    AND r.key BETWEEN c.first_key AND c.last_key \
+                    WHERE r.key BETWEEN ?1 AND ?2 ORDER BY r.key";
+                let mut stmt = conn.prepare(sql).map_err(sql_error)?;
                 let (first, last) = Keys::of(p.pid)?.range();
                 let rows = stmt
-                    .query_map([first, last], raw_record)
+                    .query_map([first, last, p.claimed_to], raw_record)
                     .map_err(sql_error)?
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(sql_error)?;
@@ -333,15 +358,16 @@ fn append(conn: &Connection, partition: &str, message: NewMessage) -> StoreResul
         pid,
         to_i64(first)?,
         to_i64(last)?,
-        message.envelope.encode()
+        message.envelope.into_encoded()
     ])
     .map_err(sql_error)?;
     let msg = conn.last_insert_rowid();
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO outbox_records (key, msg, id, binding, address, created_at_ns, \
-             expires_at_ns, state, replay_count) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, 0)",
+             expires_at_ns, state, replay_count) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 3, 0)",
         )
+        // State 3: fresh (invariant 7).
         .map_err(sql_error)?;
     let created_at = unix_nanos(message.created_at)?;
     let expires_at = message.expires_at.map(unix_nanos).transpose()?;
@@ -391,7 +417,9 @@ struct Fenced {
 
 /// Applies `version` to the partition's fence: `Stale` below the mark; above
 /// it the mark rises and every older claim is pending again (invariant 3 of
-/// the stores).
+/// the stores): records claimed one by one go back to state 0, and the runs
+/// of fresh records are deleted with `claimed_to` set back to 0 (invariant
+/// 7 here).
 fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<Fenced> {
     let Some(p) = fence(conn, partition, version)? else {
         return Ok(Fenced {
@@ -402,13 +430,17 @@ fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResul
     let keys = Keys::of(p.pid)?;
     if version > p.hwm {
         // A newer lease: every claim of an older one is void at once. The
-        // claimed records are the keys up to `claimed_to` in state 1 and
-        // the indexed ones in state 2 (invariant 6).
+        // claimed records are the keys up to `claimed_to` in states 1 and 3
+        // and the indexed ones in state 2 (invariants 6 and 7).
         let v = to_i64(version)?;
         let (first, last) = keys.range();
-        conn.prepare_cached("UPDATE outbox_partitions SET hwm=?2 WHERE pid=?1")
+        conn.prepare_cached("UPDATE outbox_partitions SET hwm=?2, claimed_to=0 WHERE pid=?1")
             .map_err(sql_error)?
             .execute(params![p.pid, v])
+            .map_err(sql_error)?;
+        conn.prepare_cached("DELETE FROM outbox_claims WHERE first_key BETWEEN ?1 AND ?2")
+            .map_err(sql_error)?
+            .execute(params![first, last])
             .map_err(sql_error)?;
         const UNCLAIM: &str = "UPDATE outbox_records SET state=0, claim_version=NULL, \
             claim_owner=NULL, claimed_at_ns=NULL";
@@ -425,6 +457,10 @@ fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResul
         .map_err(sql_error)?
         .execute(params![first, last, v])
         .map_err(sql_error)?;
+        return Ok(Fenced {
+            keys,
+            claimed_to: 0,
+        });
     }
     Ok(Fenced {
         keys,
@@ -434,7 +470,8 @@ fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResul
 
 fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
     let fenced = advance_fence(conn, a.partition, a.version)?;
-    let (first, last) = fenced.keys.range();
+    let keys = fenced.keys;
+    let (first, last) = keys.range();
     let now = unix_nanos(a.now)?;
     let stale_ns = i64::try_from(a.stale_after.as_nanos()).unwrap_or(i64::MAX);
     let stale_at = now.saturating_sub(stale_ns);
@@ -444,15 +481,26 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     // by seq range costs less than one `UPDATE … WHERE seq IN (…)
     // RETURNING`, which builds two ephemeral tables per call.
     //
-    // The pending ones: a range scan of their index.
-    let mut rows = selected(
+    // Pending and fresh (invariant 7): the oldest above `claimed_to`, read
+    // by key. They are taken as a prefix, so the run written below holds
+    // every fresh record up to the new `claimed_to`.
+    let fresh = selected(
+        conn,
+        &fresh_in(),
+        params![fenced.claimed_to.max(first) + 1, last, limit],
+    )?;
+    let fresh_seqs: Vec<i64> = fresh.iter().map(|r| r.seq).collect();
+    let mut rows = fresh;
+    // Pending since a release (or an older layout): a range scan of their
+    // index.
+    rows.extend(selected(
         conn,
         &format!(
             "SELECT {COLUMNS} FROM {PENDING} WHERE state=0 AND key BETWEEN ?1 AND ?2 \
              ORDER BY key LIMIT ?3"
         ),
         params![first, last, limit],
-    )?;
+    )?);
     // Claimed by a claim and stale (invariant 6): among the keys up to
     // `claimed_to`, read in key order. Claims take the oldest pending
     // records, so these are the claimed records and the few released among
@@ -466,6 +514,27 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
         ),
         params![first, fenced.claimed_to, limit, a.owner, stale_at],
     )?);
+    // Fresh and claimed by a stale run of this owner (invariant 7).
+    let mut stale_runs = conn
+        .prepare_cached(
+            "SELECT first_key, last_key FROM outbox_claims WHERE first_key BETWEEN ?1 AND ?2 \
+             AND owner=?3 AND claimed_at_ns<=?4",
+        )
+        .map_err(sql_error)?;
+    let stale_runs = stale_runs
+        .query_map(params![first, last, a.owner, stale_at], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+        })
+        .map_err(sql_error)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(sql_error)?;
+    for (run_first, run_last) in &stale_runs {
+        rows.extend(selected(
+            conn,
+            &fresh_in(),
+            params![run_first, run_last, limit],
+        )?);
+    }
     // Claimed by an expiry and stale: few, and indexed. They stay in state 2
     // (see `mark`), so they never raise `claimed_to`.
     let expiring = selected(
@@ -480,20 +549,63 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     rows.extend(expiring);
     rows.sort_unstable_by_key(|r| r.seq);
     rows.truncate(a.limit);
-    mark(conn, fenced.keys, &mut rows, &a, now, CLAIMED_BY_CLAIM)?;
+    // `fresh_seqs` is ascending, and the fresh records taken are a prefix of
+    // it: they get one run; every other record its own claim.
+    let (taken_fresh, one_by_one): (Vec<i64>, Vec<i64>) = rows
+        .iter()
+        .map(|r| r.seq)
+        .partition(|seq| fresh_seqs.binary_search(seq).is_ok());
+    mark(
+        conn,
+        &a,
+        now,
+        CLAIMED_BY_CLAIM,
+        one_by_one.into_iter().map(|seq| keys.of_row(seq)),
+    )?;
+    if let (Some(run_first), Some(run_last)) = (taken_fresh.first(), taken_fresh.last()) {
+        conn.prepare_cached(
+            "INSERT INTO outbox_claims (first_key, last_key, version, owner, claimed_at_ns) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .map_err(sql_error)?
+        .execute(params![
+            keys.of_row(*run_first),
+            keys.of_row(*run_last),
+            to_i64(a.version)?,
+            a.owner,
+            now
+        ])
+        .map_err(sql_error)?;
+    }
+    if !stale_runs.is_empty() {
+        // Their records taken back now have claims of their own.
+        drop_spent_runs(conn, keys, first, fenced.claimed_to)?;
+    }
+    for row in &mut rows {
+        row.state_claimed(to_i64(a.version)?, a.owner, now);
+    }
     let top = rows
         .iter()
         .map(|r| r.seq)
         .filter(|seq| !expiring_seqs.contains(seq))
         .max()
-        .map(|seq| fenced.keys.of_row(seq));
+        .map(|seq| keys.of_row(seq));
     if let Some(top) = top.filter(|top| *top > fenced.claimed_to) {
         conn.prepare_cached("UPDATE outbox_partitions SET claimed_to=?2 WHERE pid=?1")
             .map_err(sql_error)?
-            .execute(params![fenced.keys.pid(), top])
+            .execute(params![keys.pid(), top])
             .map_err(sql_error)?;
     }
     with_envelopes(conn, a.partition, rows)
+}
+
+/// Selects the fresh records of the key range `?1..=?2`, at most `?3`, by
+/// key (invariant 7).
+fn fresh_in() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM outbox_records WHERE key BETWEEN ?1 AND ?2 AND state=3 \
+         ORDER BY key LIMIT ?3"
+    )
 }
 
 /// The rows a `SELECT {COLUMNS}` returns.
@@ -510,33 +622,113 @@ fn selected(
         .map_err(sql_error)
 }
 
-/// Claims `rows` (sorted by seq, just selected in this transaction) for
-/// `a.owner` under `a.version` at `now`, in the store and in `rows`: one
-/// `UPDATE` per run of consecutive seqs, which a batch mostly is. Each row
-/// goes to `state`, or stays in a higher one: a stale expiry taken back by a
-/// claim stays in state 2, where invariant 6 finds it.
+/// Claims the records of `keys` (ascending) for `a.owner` under
+/// `a.version` at `now`, one by one: one `UPDATE` per run of consecutive
+/// keys, which a batch mostly is. Each record goes to `state`, but one in
+/// state 2 stays there: a stale expiry taken back by a claim stays where
+/// invariant 6 finds it.
 fn mark(
     conn: &Connection,
-    keys: Keys,
-    rows: &mut [RawRecord],
     a: &ClaimArgs<'_>,
     now: i64,
     state: i64,
+    keys: impl IntoIterator<Item = i64>,
 ) -> StoreResult<()> {
     let version = to_i64(a.version)?;
     let mut update = conn
         .prepare_cached(
-            "UPDATE outbox_records SET state=MAX(state, ?6), claim_version=?3, claim_owner=?4, \
-             claimed_at_ns=?5 WHERE key BETWEEN ?1 AND ?2",
+            "UPDATE outbox_records SET state=CASE state WHEN 2 THEN 2 ELSE ?6 END, \
+             claim_version=?3, claim_owner=?4, claimed_at_ns=?5 WHERE key BETWEEN ?1 AND ?2",
         )
         .map_err(sql_error)?;
-    for (first, last) in runs(rows.iter().map(|r| keys.of_row(r.seq))) {
+    for (first, last) in runs(keys) {
         update
             .execute(params![first, last, version, a.owner, now, state])
             .map_err(sql_error)?;
     }
-    for row in rows {
-        row.state_claimed(version, a.owner, now);
+    Ok(())
+}
+
+/// A run of fresh records claimed under one version, cut to a key range.
+struct Span {
+    first: i64,
+    last: i64,
+    owner: String,
+    claimed_at: i64,
+}
+
+/// The parts of `first..=last` that runs of `version` hold (invariant 7).
+fn spans(
+    conn: &Connection,
+    keys: Keys,
+    first: i64,
+    last: i64,
+    version: i64,
+) -> StoreResult<Vec<Span>> {
+    conn.prepare_cached(
+        "SELECT first_key, last_key, owner, claimed_at_ns FROM outbox_claims \
+         WHERE first_key BETWEEN ?1 AND ?3 AND last_key>=?2 AND version=?4",
+    )
+    .map_err(sql_error)?
+    .query_map(params![keys.range().0, first, last, version], |r| {
+        Ok(Span {
+            first: r.get::<_, i64>(0)?.max(first),
+            last: r.get::<_, i64>(1)?.min(last),
+            owner: r.get(2)?,
+            claimed_at: r.get(3)?,
+        })
+    })
+    .map_err(sql_error)?
+    .collect::<Result<Vec<_>, _>>()
+    .map_err(sql_error)
+}
+
+/// Deletes the runs meeting `first..=last` that hold no fresh record any
+/// more (invariant 7: a run row goes with its last fresh record).
+fn drop_spent_runs(conn: &Connection, keys: Keys, first: i64, last: i64) -> StoreResult<()> {
+    conn.prepare_cached(
+        "DELETE FROM outbox_claims WHERE first_key BETWEEN ?1 AND ?3 AND last_key>=?2 \
+         AND NOT EXISTS (SELECT 1 FROM outbox_records WHERE key BETWEEN \
+           outbox_claims.first_key AND outbox_claims.last_key AND state=3)",
+    )
+    .map_err(sql_error)?
+    .execute(params![keys.range().0, first, last])
+    .map_err(sql_error)?;
+    Ok(())
+}
+
+/// Gives the fresh records of the keys `runs` that runs of `version` claim
+/// a claim of their own (state 1, invariant 7), so that what acts on
+/// claimed records one by one finds them.
+fn materialize(
+    conn: &Connection,
+    keys: Keys,
+    runs: &[(i64, i64)],
+    version: i64,
+) -> StoreResult<()> {
+    let mut update = conn
+        .prepare_cached(
+            "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, \
+             claimed_at_ns=?5 WHERE key BETWEEN ?1 AND ?2 AND state=3",
+        )
+        .map_err(sql_error)?;
+    let mut touched = false;
+    for (first, last) in runs {
+        for span in spans(conn, keys, *first, *last, version)? {
+            update
+                .execute(params![
+                    span.first,
+                    span.last,
+                    version,
+                    span.owner,
+                    span.claimed_at
+                ])
+                .map_err(sql_error)?;
+            touched = true;
+        }
+    }
+    if let (true, Some((first, _)), Some((_, last))) = (touched, runs.first(), runs.last()) {
+        drop_spent_runs(conn, keys, *first, *last)?;
     }
     Ok(())
 }
@@ -566,7 +758,8 @@ fn distinct(seqs: &[u64]) -> Vec<u64> {
 }
 
 /// Runs `stmt` (parameters: key, version, then `extra`) for each distinct
-/// seq and returns those it changed, ascending.
+/// seq, once the fresh ones among them have claims of their own
+/// ([`materialize`]), and returns those it changed, ascending.
 fn per_claimed(
     conn: &Connection,
     partition: &str,
@@ -580,9 +773,12 @@ fn per_claimed(
     };
     let keys = Keys::of(p.pid)?;
     let version = to_i64(version)?;
+    let seqs = distinct(seqs);
+    let runs = runs(seqs.iter().filter_map(|seq| keys.key(*seq)));
+    materialize(conn, keys, &runs, version)?;
     let mut stmt = conn.prepare_cached(stmt).map_err(sql_error)?;
     let mut done = Vec::new();
-    for seq in distinct(seqs) {
+    for seq in seqs {
         let Some(key) = keys.key(seq) else {
             continue;
         };
@@ -595,13 +791,17 @@ fn per_claimed(
     Ok(done)
 }
 
-/// Which records `release` acts on: claimed (by a claim or an expiry) with
-/// exactly its version.
-const CLAIMED: &str = "WHERE key=?1 AND state<>0 AND claim_version=?2";
+/// Which records `release` acts on: claimed one by one (by a claim or an
+/// expiry) with exactly its version.
+const CLAIMED: &str = "WHERE key=?1 AND state IN (1, 2) AND claim_version=?2";
 
-/// Which records of the key run `?1..=?2` `complete` acts on: claimed with
-/// exactly its version (`?3`).
-const CLAIMED_IN_RUN: &str = "WHERE key BETWEEN ?1 AND ?2 AND state<>0 AND claim_version=?3";
+/// Which records of the key run `?1..=?2` `complete` acts on one by one:
+/// claimed with exactly its version (`?3`).
+const CLAIMED_IN_RUN: &str = "WHERE key BETWEEN ?1 AND ?2 AND state IN (1, 2) AND claim_version=?3";
+
+/// Which fresh records of the key range `?1..=?2` `complete` acts on: those
+/// of a run of its version, the range being cut to one (invariant 7).
+const FRESH_RANGE: &str = "WHERE key BETWEEN ?1 AND ?2 AND state=3";
 
 fn complete(
     conn: &Connection,
@@ -615,16 +815,21 @@ fn complete(
     let keys = Keys::of(p.pid)?;
     let version = to_i64(version)?;
     // A statement of each kind per run of consecutive seqs (a batch is
-    // mostly one run), not per seq. The records' messages are read before
+    // mostly one run), not per seq. The run's rows are read once, before
     // they are deleted (a `DELETE … RETURNING` costs SQLite an ephemeral
-    // table per statement); both statements match the same rows.
+    // table per statement), and sorted here into those claimed one by one
+    // and the fresh ones of runs of `version`; each delete then matches
+    // exactly the rows found for it.
     let mut find = conn
-        .prepare_cached(&format!(
-            "SELECT key, msg FROM outbox_records {CLAIMED_IN_RUN}"
-        ))
+        .prepare_cached(
+            "SELECT key, msg, state, claim_version FROM outbox_records WHERE key BETWEEN ?1 AND ?2",
+        )
         .map_err(sql_error)?;
     let mut delete = conn
         .prepare_cached(&format!("DELETE FROM outbox_records {CLAIMED_IN_RUN}"))
+        .map_err(sql_error)?;
+    let mut delete_fresh = conn
+        .prepare_cached(&format!("DELETE FROM outbox_records {FRESH_RANGE}"))
         .map_err(sql_error)?;
     // Invariant 2: a message goes with the last record of its range. The
     // messages of a run's records lie between the lowest and the highest of
@@ -642,17 +847,53 @@ fn complete(
     // No record has a seq without a key.
     let stored = distinct(seqs).into_iter().filter_map(|seq| keys.key(seq));
     for (first, last) in runs(stored) {
-        let run = params![first, last, version];
-        let found = find
-            .query_map(run, |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+        let rows = find
+            .query_map([first, last], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, Option<i64>>(3)?,
+                ))
+            })
             .map_err(sql_error)?
             .collect::<Result<Vec<_>, _>>()
             .map_err(sql_error)?;
+        let spans = if rows.iter().any(|r| r.2 == FRESH) {
+            spans(conn, keys, first, last, version)?
+        } else {
+            Vec::new()
+        };
+        let mut found = Vec::with_capacity(rows.len());
+        let mut one_by_one = false;
+        for (key, msg, state, claim_version) in rows {
+            let done = match state {
+                CLAIMED_BY_CLAIM | CLAIMED_BY_EXPIRE => claim_version == Some(version),
+                FRESH => spans.iter().any(|s| (s.first..=s.last).contains(&key)),
+                _ => false,
+            };
+            if done {
+                one_by_one |= state != FRESH;
+                found.push((key, msg));
+            }
+        }
+        if one_by_one {
+            delete
+                .execute(params![first, last, version])
+                .map_err(sql_error)?;
+        }
+        for span in &spans {
+            delete_fresh
+                .execute(params![span.first, span.last])
+                .map_err(sql_error)?;
+        }
+        if !spans.is_empty() {
+            drop_spent_runs(conn, keys, first, last)?;
+        }
         let msgs = found.iter().map(|(_, msg)| *msg);
         let (Some(low), Some(high)) = (msgs.clone().min(), msgs.max()) else {
             continue;
         };
-        delete.execute(run).map_err(sql_error)?;
         emptied
             .execute(params![p.pid, low, high, keys.range().0])
             .map_err(sql_error)?;
@@ -707,16 +948,32 @@ fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>>
     let now = unix_nanos(a.now)?;
     // The index is on the expression `key >> 40` (the partition's `pid`),
     // which the query must spell the same way.
+    // Pending: in state 0, or fresh above `claimed_to` (invariant 7).
     let mut rows = selected(
         conn,
         &format!(
             "SELECT {COLUMNS} FROM outbox_records INDEXED BY outbox_records_expiry \
-             WHERE key >> {SEQ_BITS} = ?1 AND state=0 AND expires_at_ns IS NOT NULL \
-             AND expires_at_ns<=?3 ORDER BY key LIMIT ?2"
+             WHERE key >> {SEQ_BITS} = ?1 AND (state=0 OR state=3 AND key>?4) \
+             AND expires_at_ns IS NOT NULL AND expires_at_ns<=?3 ORDER BY key LIMIT ?2"
         ),
-        params![fenced.keys.pid(), sql_limit(a.limit), now],
+        params![
+            fenced.keys.pid(),
+            sql_limit(a.limit),
+            now,
+            fenced.claimed_to
+        ],
     )?;
-    mark(conn, fenced.keys, &mut rows, &a, now, CLAIMED_BY_EXPIRE)?;
+    let keys = fenced.keys;
+    mark(
+        conn,
+        &a,
+        now,
+        CLAIMED_BY_EXPIRE,
+        rows.iter().map(|r| keys.of_row(r.seq)),
+    )?;
+    for row in &mut rows {
+        row.state_claimed(to_i64(a.version)?, a.owner, now);
+    }
     with_envelopes(conn, a.partition, rows)
 }
 
@@ -733,7 +990,8 @@ fn stats(conn: &Connection, partition: &str) -> StoreResult<OutboxStats> {
     // searched by name groups them without a sort or an allocation per row.
     let mut stmt = conn
         .prepare_cached(
-            "SELECT binding, state, created_at_ns FROM outbox_records WHERE key BETWEEN ?1 AND ?2",
+            "SELECT binding, state, created_at_ns, key FROM outbox_records \
+             WHERE key BETWEEN ?1 AND ?2",
         )
         .map_err(sql_error)?;
     let (first, last) = Keys::of(p.pid)?.range();
@@ -744,7 +1002,12 @@ fn stats(conn: &Connection, partition: &str) -> StoreResult<OutboxStats> {
             .get_ref(0)
             .and_then(|v| Ok(v.as_str()?))
             .map_err(sql_error)?;
-        let claimed = row.get::<_, i64>(1).map_err(sql_error)? != 0;
+        // Invariant 7: a fresh record is claimed at or below `claimed_to`.
+        let claimed = match row.get::<_, i64>(1).map_err(sql_error)? {
+            0 => false,
+            FRESH => row.get::<_, i64>(3).map_err(sql_error)? <= p.claimed_to,
+            _ => true,
+        };
         let created_at = row.get::<_, i64>(2).map_err(sql_error)?;
         match groups
             .iter_mut()
@@ -920,6 +1183,84 @@ mod tests {
             store.complete("p", 1, &[1, MAX_SEQ, MAX_SEQ + 1]).await,
             Ok(vec![1, MAX_SEQ])
         );
+        assert_eq!(store.envelopes("p").await, Ok(0));
+    }
+
+    /// `(seq, state)` of each record row, then `(first seq, last seq,
+    /// version)` of each run, read from the file.
+    type Layout = (Vec<(i64, i64)>, Vec<(i64, i64, i64)>);
+
+    fn layout(options: &SqliteOptions) -> Layout {
+        let conn = Connection::open(&options.path).expect("open the file");
+        let states = conn
+            .prepare("SELECT key & ?1, state FROM outbox_records ORDER BY key")
+            .expect("prepare")
+            .query_map([MAX_SEQ as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        let runs = conn
+            .prepare("SELECT first_key & ?1, last_key & ?1, version FROM outbox_claims")
+            .expect("prepare")
+            .query_map([MAX_SEQ as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        (states, runs)
+    }
+
+    /// Invariant 7: a claim of fresh records writes one run row and leaves
+    /// the records as they were; a release gives a record its own claim; the
+    /// run goes with its last fresh record; a newer version voids the run.
+    #[tokio::test]
+    async fn a_claim_of_fresh_records_writes_one_run_not_a_row_per_record() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let options = sqlite_options(&dir, "outbox.db");
+        let store = SqliteOutboxStore::open(options.clone())
+            .await
+            .expect("open");
+        for _ in 0..5 {
+            store.append("p", message(&["x"])).await.expect("append");
+        }
+        let claimed = store.claim("p", "o", 1, 3, t(2)).await.expect("claim");
+        assert_eq!(claimed.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2, 3]);
+        assert!(
+            claimed
+                .iter()
+                .all(|r| r.claim.as_ref().is_some_and(|c| c.version == 1))
+        );
+        assert_eq!(
+            layout(&options),
+            (
+                vec![(1, 3), (2, 3), (3, 3), (4, 3), (5, 3)],
+                vec![(1, 3, 1)]
+            )
+        );
+
+        let untried = Release::Untried;
+        assert_eq!(store.release("p", 1, &[2], untried).await, Ok(vec![2]));
+        assert_eq!(store.complete("p", 1, &[1]).await, Ok(vec![1]));
+        assert_eq!(
+            layout(&options),
+            (vec![(2, 0), (3, 3), (4, 3), (5, 3)], vec![(1, 3, 1)]),
+            "seq 2 pending on its own; seq 3 still claimed by the run"
+        );
+        // Seq 3 is claimed: the next claim takes 2, then fresh 4 and 5.
+        let again = store.claim("p", "o", 1, 10, t(3)).await.expect("claim");
+        assert_eq!(again.iter().map(|r| r.seq).collect::<Vec<_>>(), [2, 4, 5]);
+        assert_eq!(store.complete("p", 1, &[3]).await, Ok(vec![3]));
+        assert_eq!(
+            layout(&options),
+            (vec![(2, 1), (4, 3), (5, 3)], vec![(4, 5, 1)]),
+            "the first run went with seq 3"
+        );
+
+        // A newer version: the run is void and its records pending again.
+        let taken = store.claim("p", "n", 2, 10, t(4)).await.expect("claim");
+        assert_eq!(taken.iter().map(|r| r.seq).collect::<Vec<_>>(), [2, 4, 5]);
+        assert_eq!(store.complete("p", 1, &[2, 4, 5]).await.ok(), None);
+        assert_eq!(store.complete("p", 2, &[2, 4, 5]).await, Ok(vec![2, 4, 5]));
+        assert_eq!(layout(&options), (vec![], vec![]));
         assert_eq!(store.envelopes("p").await, Ok(0));
     }
 }

@@ -103,6 +103,21 @@ CREATE INDEX outbox_records_pending ON outbox_records (key) WHERE state=0;
 CREATE INDEX outbox_records_expiring ON outbox_records (key) WHERE state=2;
 ";
 
+/// From layout 4 to 5 (`super::outbox`, invariant 7): a claim of records
+/// appended since (state 3, in no state index) writes one row here for the
+/// run it took instead of one per record. Records already stored keep their
+/// states and indexes.
+const OUTBOX_V4_TO_V5: &str = "
+CREATE TABLE outbox_claims (
+    -- the run's lowest and highest record key (of one partition)
+    first_key     INTEGER PRIMARY KEY,
+    last_key      INTEGER NOT NULL,
+    version       INTEGER NOT NULL,
+    owner         TEXT    NOT NULL,
+    claimed_at_ns INTEGER NOT NULL
+);
+";
+
 /// Layout 2's records out of the way of layout 3's.
 const OUTBOX_V2_SET_ASIDE: &str = "
 DROP INDEX outbox_records_state;
@@ -190,16 +205,18 @@ pub(super) fn outbox(conn: &Connection) -> StoreResult<()> {
         conn,
         &Schema {
             component: "outbox",
-            version: 4,
+            version: 5,
             ddl: &[
                 OUTBOX_PARTITIONS_AND_MESSAGES,
                 OUTBOX_RECORDS_V3,
                 OUTBOX_V3_TO_V4,
+                OUTBOX_V4_TO_V5,
             ],
             migrations: &[
                 (1, outbox_v1_to_v2),
                 (2, outbox_v2_to_v3),
                 (3, outbox_v3_to_v4),
+                (4, outbox_v4_to_v5),
             ],
         },
     )
@@ -287,6 +304,11 @@ fn outbox_v2_to_v3(conn: &Connection) -> StoreResult<()> {
 /// See [`OUTBOX_V3_TO_V4`]: the same rows, indexed anew.
 fn outbox_v3_to_v4(conn: &Connection) -> StoreResult<()> {
     conn.execute_batch(OUTBOX_V3_TO_V4).map_err(sql_error)
+}
+
+/// See [`OUTBOX_V4_TO_V5`]: a table added, no row touched.
+fn outbox_v4_to_v5(conn: &Connection) -> StoreResult<()> {
+    conn.execute_batch(OUTBOX_V4_TO_V5).map_err(sql_error)
 }
 
 /// Fails a migration to `layout` unless `outbox_records` holds as many rows
@@ -560,7 +582,7 @@ mod tests {
                 |r| r.get(0),
             )
             .expect("version");
-        assert_eq!(version, 4);
+        assert_eq!(version, 5);
         let old: i64 = conn
             .query_row(
                 "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%_v1'",
@@ -785,7 +807,7 @@ mod tests {
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .expect("state");
-        assert_eq!((version, old), (4, 0), "layout 4, layout 2's table gone");
+        assert_eq!((version, old), (5, 0), "layout 5, layout 2's table gone");
     }
 
     /// A record whose seq does not fit in a key stops the migration before
@@ -809,7 +831,7 @@ mod tests {
             .expect("open")
             .execute_batch(
                 "CREATE TABLE ferry_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL);
-                 INSERT INTO ferry_schema VALUES ('outbox', 5);",
+                 INSERT INTO ferry_schema VALUES ('outbox', 6);",
             )
             .expect("newer schema");
         let error = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
@@ -819,7 +841,7 @@ mod tests {
         assert!(
             error
                 .to_string()
-                .contains("outbox schema version 5 was written by a newer"),
+                .contains("outbox schema version 6 was written by a newer"),
             "{error}"
         );
     }
