@@ -2,7 +2,7 @@
 //! send lanes while completing, releasing and dead-lettering what came back
 //! in as few store calls as possible.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, PoisonError};
 use std::time::SystemTime;
 
@@ -28,8 +28,8 @@ pub(super) struct Report {
 }
 
 /// One binding's records in send order.
-#[derive(Default)]
 struct Lane {
+    binding: String,
     /// Claimed, not yet started, in `seq` order.
     queue: VecDeque<OutboxRecord>,
     /// Sends started and not yet answered.
@@ -39,10 +39,38 @@ struct Lane {
 }
 
 impl Lane {
+    fn new(binding: &str) -> Self {
+        Lane {
+            binding: binding.to_owned(),
+            queue: VecDeque::new(),
+            in_flight: 0,
+            stopped: false,
+        }
+    }
+
     /// Starts nothing more; the queued records go back untried.
     fn stop(&mut self, outcomes: &mut Outcomes) {
         self.stopped = true;
         outcomes.untried.extend(self.queue.drain(..).map(|r| r.seq));
+    }
+}
+
+/// The lanes of a cycle, in the order their bindings first came. A route
+/// has a few bindings, so a lane is found by comparing names, which costs
+/// less than hashing one; a send carries its lane's index back.
+#[derive(Default)]
+struct Lanes(Vec<Lane>);
+
+impl Lanes {
+    /// The index of `binding`'s lane, created on its first record.
+    fn index(&mut self, binding: &str) -> usize {
+        match self.0.iter().position(|lane| lane.binding == binding) {
+            Some(i) => i,
+            None => {
+                self.0.push(Lane::new(binding));
+                self.0.len() - 1
+            }
+        }
     }
 }
 
@@ -67,7 +95,8 @@ impl Outcomes {
     }
 }
 
-type SendOutcome = (OutboxRecord, Result<(), SendError>);
+/// A send's lane (its index in [`Lanes`]), record and result.
+type SendOutcome = (usize, OutboxRecord, Result<(), SendError>);
 
 impl Drainer {
     /// Writes what an earlier cycle under `version` could not, then expires
@@ -180,7 +209,7 @@ impl Drainer {
         if !*self.connected.borrow() {
             return Ok(report);
         }
-        let mut lanes: HashMap<String, Lane> = HashMap::new();
+        let mut lanes = Lanes::default();
         let mut sends: FuturesUnordered<BoxFuture<'static, SendOutcome>> = FuturesUnordered::new();
         let mut outcomes = Outcomes::default();
         let mut claiming: Option<BoxFuture<'_, StoreResult<Vec<OutboxRecord>>>> = None;
@@ -195,6 +224,10 @@ impl Drainer {
         let mut interrupted = false;
         let mut stopping = false;
         let mut error = None;
+        // Made once: a new one per turn of the loop registers with the token
+        // and unregisters again each time.
+        let cancelled = stop.cancelled();
+        tokio::pin!(cancelled);
         loop {
             if !stopping && stop.is_cancelled() {
                 // Shutdown: what is in flight finishes, nothing more starts.
@@ -227,10 +260,10 @@ impl Drainer {
             // Outcomes first, so a failing binding stops as early as possible.
             tokio::select! {
                 biased;
-                () = stop.cancelled(), if !stopping => {}
-                Some((record, result)) = sends.next(), if !sends.is_empty() => {
+                () = &mut cancelled, if !stopping => {}
+                Some((lane, record, result)) = sends.next(), if !sends.is_empty() => {
                     // Every record in flight came through its lane.
-                    let lane = lane(&mut lanes, &record.binding);
+                    let lane = &mut lanes.0[lane];
                     lane.in_flight = lane.in_flight.saturating_sub(1);
                     match result {
                         Ok(()) => outcomes.accepted.push(record),
@@ -284,12 +317,7 @@ impl Drainer {
     /// Past the held grant's expiry (a process resumed from a pause, before
     /// its lease keeper noticed): claims nothing more, starts no send, and
     /// gives the queued records back (invariant 1 of the drainer).
-    fn halt_if_expired(
-        &self,
-        interrupted: &mut bool,
-        lanes: &mut HashMap<String, Lane>,
-        outcomes: &mut Outcomes,
-    ) {
+    fn halt_if_expired(&self, interrupted: &mut bool, lanes: &mut Lanes, outcomes: &mut Outcomes) {
         if !*interrupted && self.lease_expired() {
             tracing::warn!(partition = %self.partition, "the lease expired during a drain cycle; starting nothing more");
             *interrupted = true;
@@ -301,12 +329,7 @@ impl Drainer {
     /// next sweep: a claim of nothing but expired records would otherwise
     /// come back forever), exhausted ones go to the DLQ, the rest to their
     /// binding's lane, or back untried if that lane has stopped.
-    fn enqueue(
-        &self,
-        records: Vec<OutboxRecord>,
-        lanes: &mut HashMap<String, Lane>,
-        outcomes: &mut Outcomes,
-    ) {
+    fn enqueue(&self, records: Vec<OutboxRecord>, lanes: &mut Lanes, outcomes: &mut Outcomes) {
         let now = SystemTime::now();
         for r in records {
             if r.envelope.is_expired(now) {
@@ -321,7 +344,8 @@ impl Drainer {
                 };
                 outcomes.dead.push((r, f));
             } else {
-                let lane = lane(lanes, &r.binding);
+                let i = lanes.index(&r.binding);
+                let lane = &mut lanes.0[i];
                 if lane.stopped {
                     outcomes.untried.push(r.seq);
                 } else {
@@ -336,10 +360,10 @@ impl Drainer {
     /// connection in record order.
     fn start_sends(
         &self,
-        lanes: &mut HashMap<String, Lane>,
+        lanes: &mut Lanes,
         sends: &mut FuturesUnordered<BoxFuture<'static, SendOutcome>>,
     ) {
-        for lane in lanes.values_mut() {
+        for (i, lane) in lanes.0.iter_mut().enumerate() {
             while !lane.stopped && lane.in_flight < SEND_WINDOW {
                 let Some(mut r) = lane.queue.pop_front() else {
                     break;
@@ -353,7 +377,7 @@ impl Drainer {
                     let result =
                         spans::send(&*sender, &r.envelope, &r.binding, &address, attempt).await;
                     r.address = address.into_string();
-                    (r, result)
+                    (i, r, result)
                 }));
             }
         }
@@ -535,17 +559,8 @@ fn joined(result: Result<StoreResult<()>, tokio::task::JoinError>) -> StoreResul
 }
 
 /// Stops every lane: its queued records go back untried.
-/// The lane of `binding`, created on its first record. Looked up by
-/// reference first: the key is copied once per binding, not per record.
-fn lane<'a>(lanes: &'a mut HashMap<String, Lane>, binding: &str) -> &'a mut Lane {
-    if !lanes.contains_key(binding) {
-        lanes.insert(binding.to_owned(), Lane::default());
-    }
-    lanes.get_mut(binding).expect("inserted above")
-}
-
-fn halt(lanes: &mut HashMap<String, Lane>, outcomes: &mut Outcomes) {
-    for lane in lanes.values_mut() {
+fn halt(lanes: &mut Lanes, outcomes: &mut Outcomes) {
+    for lane in &mut lanes.0 {
         lane.stop(outcomes);
     }
 }

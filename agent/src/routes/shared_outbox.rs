@@ -247,6 +247,10 @@ impl OutboxWriter {
         // Polled only while intake is stopped: no burst of catch-up ticks.
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopped = false;
+        // Made once: a new one per delivery registers with the token and
+        // unregisters again each time.
+        let cancelled = shutdown.cancelled();
+        tokio::pin!(cancelled);
         loop {
             let level = w.depth.level();
             // Room for one more message (one always fits an empty outbox).
@@ -270,7 +274,7 @@ impl OutboxWriter {
             let taking = !full && !this.hold.active() && in_flight.len() < max_in_flight;
             tokio::select! {
                 biased;
-                () = shutdown.cancelled() => break,
+                () = &mut cancelled => break,
                 Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
                 () = w.depth.space.notified(), if full => {}
                 _ = resync.tick(), if full => {

@@ -1,6 +1,6 @@
 //! Outbox record types, shared by every backend.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -268,12 +268,14 @@ pub(crate) fn into_records(
     mut envelope: impl FnMut(i64) -> StoreResult<Option<Vec<u8>>>,
 ) -> StoreResult<Vec<OutboxRecord>> {
     rows.sort_unstable_by_key(|r| r.seq);
-    let mut decoded: HashMap<i64, Arc<Envelope>> = HashMap::new();
+    // A message's records have consecutive seqs, so in seq order they come
+    // one after another: the last message decoded is the only one to keep.
+    let mut decoded: Option<(i64, Arc<Envelope>)> = None;
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
-        let shared = match decoded.get(&row.msg) {
-            Some(e) => Arc::clone(e),
-            None => {
+        let shared = match &decoded {
+            Some((msg, e)) if *msg == row.msg => Arc::clone(e),
+            _ => {
                 let bytes = envelope(row.msg)?.ok_or_else(|| {
                     StoreError::Corrupt(format!(
                         "outbox record {partition}/{}: message {} is missing",
@@ -283,7 +285,9 @@ pub(crate) fn into_records(
                 let e = Envelope::decode(&bytes).map_err(|e| {
                     StoreError::Corrupt(format!("outbox message {partition}/{}: {e}", row.msg))
                 })?;
-                Arc::clone(decoded.entry(row.msg).or_insert(Arc::new(e)))
+                let e = Arc::new(e);
+                decoded = Some((row.msg, Arc::clone(&e)));
+                e
             }
         };
         out.push(row.into_record(partition, shared)?);

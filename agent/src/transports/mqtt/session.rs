@@ -209,10 +209,14 @@ impl EventTask {
     async fn run(mut self, shutdown: CancellationToken) {
         let mut connected_at: Option<Instant> = None;
         let mut ever_connected = false;
+        // Made once: a new one per event registers with the token and
+        // unregisters again each time.
+        let cancelled = shutdown.cancelled();
+        tokio::pin!(cancelled);
         loop {
             let polled = tokio::select! {
                 biased;
-                () = shutdown.cancelled() => break,
+                () = &mut cancelled => break,
                 polled = self.eventloop.poll() => polled,
             };
             match polled {
@@ -256,7 +260,7 @@ impl EventTask {
                     }
                     tokio::select! {
                         biased;
-                        () = shutdown.cancelled() => break,
+                        () = &mut cancelled => break,
                         () = tokio::time::sleep(delay) => {}
                     }
                 }
