@@ -439,6 +439,19 @@ async fn check<S: OutboxHarness + OutboxStore>(
                 .await
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(stats.total.depth, stored.len() as u64);
+            let claimed = stored.iter().filter(|r| r.claim.is_some()).count() as u64;
+            prop_assert_eq!(stats.total.claimed, claimed, "claimed after step {}", step);
+            let oldest_pending = stored
+                .iter()
+                .filter(|r| r.claim.is_none())
+                .map(|r| r.created_at)
+                .min();
+            prop_assert_eq!(
+                stats.total.oldest_pending_created_at,
+                oldest_pending,
+                "oldest pending after step {}",
+                step
+            );
             prop_assert_eq!(stats.high_water_mark, model.partitions[i].hwm);
         }
     }

@@ -37,7 +37,9 @@
 //!    `outbox_records_pending` and records in state 2 in
 //!    `outbox_records_expiring`; records in states 1 and 3 are in no state
 //!    index, and records in state 1 have keys at most their partition's
-//!    `claimed_to`, the highest key a claim took. A claim removes a
+//!    `claimed_to`, the highest key a claim took since the partition's
+//!    fence last rose (a rise voids every claim and sets it back to 0). A
+//!    claim removes a
 //!    record's index entry instead of moving it, a completion touches none,
 //!    and the search for stale claims reads the keys up to `claimed_to` —
 //!    the oldest records, as claims take the oldest pending ones — and the
@@ -484,11 +486,11 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     // Pending and fresh (invariant 7): the oldest above `claimed_to`, read
     // by key. They are taken as a prefix, so the run written below holds
     // every fresh record up to the new `claimed_to`.
-    let fresh = selected(
-        conn,
-        &fresh_in(),
-        params![fenced.claimed_to.max(first) + 1, last, limit],
-    )?;
+    // None when `claimed_to` is the last key there can be (`i64::MAX`).
+    let fresh = match fenced.claimed_to.max(first).checked_add(1) {
+        Some(from) => selected(conn, &fresh_in(), params![from, last, limit])?,
+        None => Vec::new(),
+    };
     let fresh_seqs: Vec<i64> = fresh.iter().map(|r| r.seq).collect();
     let mut rows = fresh;
     // Pending since a release (or an older layout): a range scan of their
@@ -550,7 +552,9 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     rows.sort_unstable_by_key(|r| r.seq);
     rows.truncate(a.limit);
     // `fresh_seqs` is ascending, and the fresh records taken are a prefix of
-    // it: they get one run; every other record its own claim.
+    // it: every candidate was merged in key order before the cut to
+    // `limit`, so a fresh record is cut only with every higher one. They
+    // get one run; every other record its own claim.
     let (taken_fresh, one_by_one): (Vec<i64>, Vec<i64>) = rows
         .iter()
         .map(|r| r.seq)
@@ -624,7 +628,8 @@ fn selected(
 
 /// Claims the records of `keys` (ascending) for `a.owner` under
 /// `a.version` at `now`, one by one: one `UPDATE` per run of consecutive
-/// keys, which a batch mostly is. Each record goes to `state`, but one in
+/// keys (the records released, stale or taken by an expiry: fresh ones
+/// share a run row instead, invariant 7). Each record goes to `state`, but one in
 /// state 2 stays there: a stale expiry taken back by a claim stays where
 /// invariant 6 finds it.
 fn mark(
