@@ -517,13 +517,12 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
         params![first, fenced.claimed_to, limit, a.owner, stale_at],
     )?);
     // Fresh and claimed by a stale run of this owner (invariant 7).
-    let mut stale_runs = conn
+    let stale_runs = conn
         .prepare_cached(
             "SELECT first_key, last_key FROM outbox_claims WHERE first_key BETWEEN ?1 AND ?2 \
              AND owner=?3 AND claimed_at_ns<=?4",
         )
-        .map_err(sql_error)?;
-    let stale_runs = stale_runs
+        .map_err(sql_error)?
         .query_map(params![first, last, a.owner, stale_at], |r| {
             Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
         })
@@ -585,9 +584,7 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
         // Their records taken back now have claims of their own.
         drop_spent_runs(conn, keys, first, fenced.claimed_to)?;
     }
-    for row in &mut rows {
-        row.state_claimed(to_i64(a.version)?, a.owner, now);
-    }
+    stamp(&mut rows, &a, now)?;
     let top = rows
         .iter()
         .map(|r| r.seq)
@@ -650,6 +647,15 @@ fn mark(
         update
             .execute(params![first, last, version, a.owner, now, state])
             .map_err(sql_error)?;
+    }
+    Ok(())
+}
+
+/// Gives `rows` the claim `a` just wrote for them, as the caller returns them.
+fn stamp(rows: &mut [RawRecord], a: &ClaimArgs<'_>, now: i64) -> StoreResult<()> {
+    let version = to_i64(a.version)?;
+    for row in rows {
+        row.state_claimed(version, a.owner, now);
     }
     Ok(())
 }
@@ -976,9 +982,7 @@ fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>>
         CLAIMED_BY_EXPIRE,
         rows.iter().map(|r| keys.of_row(r.seq)),
     )?;
-    for row in &mut rows {
-        row.state_claimed(to_i64(a.version)?, a.owner, now);
-    }
+    stamp(&mut rows, &a, now)?;
     with_envelopes(conn, a.partition, rows)
 }
 
@@ -1149,6 +1153,15 @@ mod tests {
     use crate::stores::NewRecord;
     use crate::stores::conformance::{envelope, sqlite_options, t};
 
+    /// A store on a new file in `dir`, and its options.
+    async fn opened(dir: &tempfile::TempDir) -> (SqliteOutboxStore, SqliteOptions) {
+        let options = sqlite_options(dir, "outbox.db");
+        let store = SqliteOutboxStore::open(options.clone())
+            .await
+            .expect("open");
+        (store, options)
+    }
+
     fn message(bindings: &[&str]) -> NewMessage {
         let records = bindings.iter().map(|b| NewRecord::new(*b, "out")).collect();
         NewMessage::new(envelope("m"), t(1), records)
@@ -1159,10 +1172,7 @@ mod tests {
     #[tokio::test]
     async fn a_partition_out_of_seqs_refuses_the_append_and_writes_nothing() {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let options = sqlite_options(&dir, "outbox.db");
-        let store = SqliteOutboxStore::open(options.clone())
-            .await
-            .expect("open");
+        let (store, options) = opened(&dir).await;
         assert_eq!(store.append("p", message(&["x"])).await, Ok(vec![1]));
         store.close().await;
         Connection::open(&options.path)
@@ -1220,10 +1230,7 @@ mod tests {
     #[tokio::test]
     async fn a_claim_of_fresh_records_writes_one_run_not_a_row_per_record() {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let options = sqlite_options(&dir, "outbox.db");
-        let store = SqliteOutboxStore::open(options.clone())
-            .await
-            .expect("open");
+        let (store, options) = opened(&dir).await;
         for _ in 0..5 {
             store.append("p", message(&["x"])).await.expect("append");
         }
