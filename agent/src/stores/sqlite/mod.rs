@@ -34,6 +34,7 @@ use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use super::{StoreError, StoreResult};
+pub(crate) use writer::Batch;
 use writer::{PageLimit, Writer};
 
 /// Prepared statements kept per connection: more than the stores use, so a
@@ -218,6 +219,20 @@ impl Db {
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     {
         self.writer.execute(false, work).await
+    }
+
+    /// Runs `item` in `batch`'s next job ([`writer::Batch`]): as
+    /// [`Db::write`] or [`Db::write_unsynced`], as the batch was made.
+    pub(crate) async fn write_batched<I, T>(
+        &self,
+        batch: &Arc<Batch<I, T>>,
+        item: I,
+    ) -> StoreResult<T>
+    where
+        I: Send + 'static,
+        T: Send + 'static,
+    {
+        self.writer.execute_batched(batch, item).await
     }
 
     /// Runs `work` on the read connection, in one read transaction, on the

@@ -61,16 +61,20 @@
 //!    fresh record is pending again.
 //!
 //! Every operation but `stats` is one job of the writer (atomic and, when
-//! answered, committed); `stats` reads on the read connection. Only `append`
+//! answered, committed); `stats` reads on the read connection. Appends made
+//! while the writer is busy share one job ([`append_all`], a writer
+//! [`Batch`]): it reads each partition's row once and writes its `last_seq`
+//! once, where each append did both before. Only `append`
 //! waits for an fsync: a claim, completion, release or expiry lost to a power
 //! cut makes a record pending again, so it is sent once more — at-least-once
 //! holds — while an acknowledged append lost would be a message lost.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use rusqlite::{CachedStatement, Connection, OptionalExtension, Row, params};
 
-use super::{Db, SqliteOptions, schema, sql_error, to_i64, to_u64};
+use super::{Batch, Db, SqliteOptions, schema, sql_error, to_i64, to_u64};
 use crate::stores::outbox::{RawRecord, into_records, stale, validate_append};
 use crate::stores::{
     BoxFuture, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release, StoreError,
@@ -152,6 +156,8 @@ fn seq_of(key: i64) -> i64 {
 pub struct SqliteOutboxStore {
     db: Db,
     options: SqliteOptions,
+    /// Appends made while the writer is busy share one job ([`append_all`]).
+    appends: Arc<Batch<Append, Vec<u64>>>,
 }
 
 impl SqliteOutboxStore {
@@ -159,7 +165,11 @@ impl SqliteOutboxStore {
     /// needed and migrating an older layout in place.
     pub async fn open(options: SqliteOptions) -> StoreResult<Self> {
         let db = Db::open(options.clone(), "outbox", schema::outbox).await?;
-        Ok(SqliteOutboxStore { db, options })
+        Ok(SqliteOutboxStore {
+            db,
+            options,
+            appends: Batch::new(true, append_all),
+        })
     }
 
     /// The options it was opened with.
@@ -336,48 +346,120 @@ fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
-fn append(conn: &Connection, partition: &str, message: NewMessage) -> StoreResult<Vec<u64>> {
-    validate_append(partition, &message)?;
-    if message.records.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (pid, last_seq) = match partition_row(conn, partition)? {
-        Some(p) => (p.pid, p.last_seq),
-        None => (insert_partition(conn, partition, 0)?, 0),
-    };
-    let first = last_seq + 1;
-    let last = last_seq + message.records.len() as u64;
-    let keys = Keys::of(pid)?;
-    // Checked before anything is written, so a refused append leaves nothing.
-    keys.key(last).ok_or_else(|| seqs_used_up(partition))?;
+/// An append waiting for its batch: the partition and the message, checked
+/// by [`validate_append`] and with at least one record.
+type Append = (String, NewMessage);
+
+/// The statements an append runs, prepared once per batch.
+struct Inserts<'c> {
+    message: CachedStatement<'c>,
+    record: CachedStatement<'c>,
+}
+
+/// A partition as a batch of appends found it, and the seqs it assigned.
+struct Appending {
+    partition: String,
+    pid: i64,
+    /// `last_seq` as stored.
+    stored: u64,
+    /// The last seq assigned so far in this batch.
+    last: u64,
+}
+
+/// Appends a batch of messages in arrival order (invariant 1 for each), one
+/// result each. The batch reads each partition's row once and writes its
+/// `last_seq` once. A message refused before it wrote anything (its
+/// partition cannot take more seqs or partitions) gets its own error and
+/// the others go on; any other failure fails the whole batch.
+fn append_all(conn: &Connection, appends: Vec<Append>) -> StoreResult<Vec<StoreResult<Vec<u64>>>> {
+    let mut partitions: Vec<Appending> = Vec::new();
+    let mut results = Vec::with_capacity(appends.len());
     // `last_insert_rowid` rather than `RETURNING`, which costs SQLite an
     // ephemeral table per statement.
-    conn.prepare_cached(
-        "INSERT INTO outbox_messages (pid, first_seq, last_seq, envelope) VALUES (?1, ?2, ?3, ?4)",
-    )
-    .map_err(sql_error)?
-    .execute(params![
-        pid,
-        to_i64(first)?,
-        to_i64(last)?,
-        message.envelope.into_encoded()
-    ])
-    .map_err(sql_error)?;
-    let msg = conn.last_insert_rowid();
-    let mut insert = conn
-        .prepare_cached(
-            "INSERT INTO outbox_records (key, msg, id, binding, address, created_at_ns, \
-             expires_at_ns, state, replay_count) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 3, 0)",
-        )
+    let mut inserts = Inserts {
+        message: conn
+            .prepare_cached(
+                "INSERT INTO outbox_messages (pid, first_seq, last_seq, envelope) \
+                 VALUES (?1, ?2, ?3, ?4)",
+            )
+            .map_err(sql_error)?,
         // State 3: fresh (invariant 7).
+        record: conn
+            .prepare_cached(
+                "INSERT INTO outbox_records (key, msg, id, binding, address, created_at_ns, \
+                 expires_at_ns, state, replay_count) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 3, 0)",
+            )
+            .map_err(sql_error)?,
+    };
+    for (partition, message) in appends {
+        let before = conn.total_changes();
+        match append_one(conn, &mut inserts, &mut partitions, partition, message) {
+            // Part of it written, or the transaction rolled back (see the
+            // writer's notes): nothing of the batch may stay.
+            Err(e) if conn.total_changes() != before || conn.is_autocommit() => return Err(e),
+            result => results.push(result),
+        }
+    }
+    let mut update = conn
+        .prepare_cached("UPDATE outbox_partitions SET last_seq=?2 WHERE pid=?1")
         .map_err(sql_error)?;
+    for p in partitions.iter().filter(|p| p.last != p.stored) {
+        update
+            .execute(params![p.pid, to_i64(p.last)?])
+            .map_err(sql_error)?;
+    }
+    Ok(results)
+}
+
+/// Writes one message of a batch: its message row and a fresh record per
+/// binding (invariant 7), at the seqs after the last its partition assigned.
+fn append_one(
+    conn: &Connection,
+    inserts: &mut Inserts<'_>,
+    partitions: &mut Vec<Appending>,
+    partition: String,
+    message: NewMessage,
+) -> StoreResult<Vec<u64>> {
+    let i = match partitions.iter().position(|p| p.partition == partition) {
+        Some(i) => i,
+        None => {
+            let (pid, stored) = match partition_row(conn, &partition)? {
+                Some(row) => (row.pid, row.last_seq),
+                None => (insert_partition(conn, &partition, 0)?, 0),
+            };
+            partitions.push(Appending {
+                partition,
+                pid,
+                stored,
+                last: stored,
+            });
+            partitions.len() - 1
+        }
+    };
+    let p = &mut partitions[i];
+    let first = p.last + 1;
+    let last = p.last + message.records.len() as u64;
+    let keys = Keys::of(p.pid)?;
+    // Checked before anything is written, so a refused append leaves nothing.
+    keys.key(last).ok_or_else(|| seqs_used_up(&p.partition))?;
     let created_at = unix_nanos(message.created_at)?;
     let expires_at = message.expires_at.map(unix_nanos).transpose()?;
+    inserts
+        .message
+        .execute(params![
+            p.pid,
+            to_i64(first)?,
+            to_i64(last)?,
+            message.envelope.into_encoded()
+        ])
+        .map_err(sql_error)?;
+    let msg = conn.last_insert_rowid();
     let seqs: Vec<u64> = (first..=last).collect();
     for (seq, r) in seqs.iter().zip(message.records) {
-        insert
+        inserts
+            .record
             .execute(params![
-                keys.key(*seq).ok_or_else(|| seqs_used_up(partition))?,
+                keys.key(*seq).ok_or_else(|| seqs_used_up(&p.partition))?,
                 msg,
                 r.id,
                 r.binding,
@@ -387,10 +469,7 @@ fn append(conn: &Connection, partition: &str, message: NewMessage) -> StoreResul
             ])
             .map_err(sql_error)?;
     }
-    conn.prepare_cached("UPDATE outbox_partitions SET last_seq=?2 WHERE pid=?1")
-        .map_err(sql_error)?
-        .execute(params![pid, to_i64(last)?])
-        .map_err(sql_error)?;
+    p.last = last;
     Ok(seqs)
 }
 
@@ -1061,8 +1140,15 @@ impl OutboxStore for SqliteOutboxStore {
         partition: &'a str,
         message: NewMessage,
     ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
-        let partition = partition.to_owned();
-        Box::pin(self.db.write(move |c| append(c, &partition, message)))
+        Box::pin(async move {
+            validate_append(partition, &message)?;
+            if message.records.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.db
+                .write_batched(&self.appends, (partition.to_owned(), message))
+                .await
+        })
     }
 
     fn claim<'a>(
@@ -1199,6 +1285,68 @@ mod tests {
             Ok(vec![1, MAX_SEQ])
         );
         assert_eq!(store.envelopes("p").await, Ok(0));
+    }
+
+    /// Appends made together share a batch, which reads each partition's row
+    /// once and writes its `last_seq` once: each append still gets its own
+    /// seqs, one refused for lack of seqs costs the others nothing, and the
+    /// seqs go on from where the batch left them after a reopen.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_made_together_get_their_own_seqs_and_errors() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let (store, options) = opened(&dir).await;
+        assert_eq!(store.append("full", message(&["x"])).await, Ok(vec![1]));
+        store.close().await;
+        Connection::open(&options.path)
+            .expect("open the file")
+            .execute(
+                "UPDATE outbox_partitions SET last_seq = ?1 WHERE partition = 'full'",
+                [to_i64(MAX_SEQ - 1).expect("fits")],
+            )
+            .expect("near the last seq");
+
+        let store = SqliteOutboxStore::open(options.clone())
+            .await
+            .expect("reopen");
+        let partitions = ["p", "q", "full"];
+        let appends = (0..30).map(|i| {
+            let partition = partitions[i % 3];
+            let bindings: &[&str] = if partition == "full" {
+                &["x", "y"]
+            } else {
+                &["x"]
+            };
+            store.append(partition, message(bindings))
+        });
+        let results = futures::future::join_all(appends).await;
+        for partition in ["p", "q"] {
+            let mut seqs: Vec<u64> = (0..30)
+                .filter(|i| partitions[i % 3] == partition)
+                .flat_map(|i| results[i].clone().expect("appended"))
+                .collect();
+            seqs.sort_unstable();
+            assert_eq!(seqs, (1..=10).collect::<Vec<_>>(), "partition {partition}");
+        }
+        for i in (0..30).filter(|i| partitions[i % 3] == "full") {
+            assert!(
+                matches!(&results[i], Err(StoreError::Conflict(_))),
+                "{:?}",
+                results[i]
+            );
+        }
+        store.close().await;
+
+        let store = SqliteOutboxStore::open(options).await.expect("reopen");
+        assert_eq!(store.append("p", message(&["x"])).await, Ok(vec![11]));
+        assert_eq!(
+            store.append("full", message(&["x"])).await,
+            Ok(vec![MAX_SEQ])
+        );
+        assert_eq!(
+            store.envelopes("full").await,
+            Ok(2),
+            "nothing refused was written"
+        );
     }
 
     /// `(seq, state)` of each record row, then `(first seq, last seq,

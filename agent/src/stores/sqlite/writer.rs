@@ -35,6 +35,11 @@
 //! without that room a store filled by appends could not claim, release or
 //! complete — and only completions give room back.
 //!
+//! Calls of one kind can share one job: a [`Batch`]. The first call sends
+//! the job and every call made before the writer runs it joins it, so the
+//! work those calls have in common (a job, a wake-up, the lookups it begins
+//! with) is paid once; the outbox's appends use it.
+//!
 //! When the queue is empty after a group, the thread gives free pages back
 //! to the file system if they are worth it ([`super::vacuum`]), between
 //! groups, never inside one.
@@ -53,8 +58,8 @@
 //! more than a third of the writer's time under load, for a case that only
 //! I/O errors and corrupt rows reach.)
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use rusqlite::Connection;
@@ -86,7 +91,7 @@ struct TypedJob<T, F> {
     synced: bool,
     work: Option<F>,
     result: Option<StoreResult<T>>,
-    reply: oneshot::Sender<StoreResult<T>>,
+    reply: Reply<T>,
 }
 
 impl<T, F> Job for TypedJob<T, F>
@@ -122,6 +127,117 @@ where
 
     fn synced(&self) -> bool {
         self.synced
+    }
+}
+
+/// Calls of one kind that the writer runs as one job: a batch.
+///
+/// The first call that finds the batch empty sends its job; every call
+/// queued before the writer runs that job joins it, and later calls start
+/// the next one. A batch pays once what every call would otherwise pay
+/// (a job, a wake-up of the writer, the lookups its work begins with), and
+/// its calls still commit in the group the writer would have given them.
+/// `work` gets the calls in the order they were made and returns each
+/// one's own result; its `Err` fails every call of the batch, and it takes
+/// the writer's group back if the batch wrote part of its work before it
+/// (as for any job, see the module notes).
+pub(crate) struct Batch<I, T> {
+    synced: bool,
+    work: BatchWork<I, T>,
+    waiting: Mutex<Vec<(I, Reply<T>)>>,
+}
+
+/// Where a call's result goes.
+type Reply<T> = oneshot::Sender<StoreResult<T>>;
+
+/// What a [`Batch`] does with its calls.
+pub(crate) type BatchWork<I, T> = fn(&Connection, Vec<I>) -> StoreResult<Vec<StoreResult<T>>>;
+
+impl<I: Send + 'static, T: Send + 'static> Batch<I, T> {
+    /// Calls run by `work`, committed as [`Writer::execute`]'s `synced`.
+    pub(crate) fn new(synced: bool, work: BatchWork<I, T>) -> Arc<Self> {
+        Arc::new(Batch {
+            synced,
+            work,
+            waiting: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+impl<I, T> Batch<I, T> {
+    fn waiting(&self) -> MutexGuard<'_, Vec<(I, Reply<T>)>> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The job of a [`Batch`]: takes the calls waiting when it runs.
+struct BatchJob<I, T> {
+    batch: Arc<Batch<I, T>>,
+    /// The calls it took, with their own results once run.
+    taken: Vec<(Reply<T>, Option<StoreResult<T>>)>,
+    /// Whether it took its calls (then later calls belong to a later job).
+    took: bool,
+}
+
+impl<I: Send + 'static, T: Send + 'static> BatchJob<I, T> {
+    /// Takes the calls waiting; their inputs.
+    fn take(&mut self) -> Vec<I> {
+        let waiting = std::mem::take(&mut *self.batch.waiting());
+        self.took = true;
+        let (items, replies): (Vec<I>, Vec<_>) = waiting.into_iter().unzip();
+        self.taken = replies.into_iter().map(|reply| (reply, None)).collect();
+        items
+    }
+}
+
+impl<I: Send + 'static, T: Send + 'static> Job for BatchJob<I, T> {
+    fn run(&mut self, conn: &Connection) -> Result<(), StoreError> {
+        let items = self.take();
+        let results = (self.batch.work)(conn, items)?;
+        if results.len() != self.taken.len() {
+            return Err(StoreError::Unavailable(format!(
+                "a batch of {} calls returned {} results",
+                self.taken.len(),
+                results.len()
+            )));
+        }
+        for ((_, slot), result) in self.taken.iter_mut().zip(results) {
+            *slot = Some(result);
+        }
+        Ok(())
+    }
+
+    fn answer(mut self: Box<Self>, commit: &StoreResult<()>) {
+        if !self.took {
+            // Refused before it ran: its calls are answered all the same.
+            self.take();
+        }
+        for (reply, result) in std::mem::take(&mut self.taken) {
+            let outcome = match (result, commit) {
+                // Its own failure wrote nothing: certainly not applied.
+                (Some(Err(e)), _) => Err(e),
+                (Some(Ok(v)), Ok(())) => Ok(v),
+                (_, Err(e)) => Err(e.clone()),
+                (None, Ok(())) => Err(StoreError::Unavailable(
+                    "the batch failed before this call ran".into(),
+                )),
+            };
+            let _ = reply.send(outcome);
+        }
+    }
+
+    fn synced(&self) -> bool {
+        self.batch.synced
+    }
+}
+
+impl<I, T> Drop for BatchJob<I, T> {
+    fn drop(&mut self) {
+        if !self.took {
+            // Dropped unrun (the writer stopped): no later job will take
+            // its calls, and dropping their senders answers them.
+            self.batch.waiting().clear();
+        }
     }
 }
 
@@ -176,6 +292,44 @@ impl Writer {
             .send(job)
             .await
             .map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("sqlite writer stopped before answering".into()))?
+    }
+
+    /// Runs `item` in `batch`'s next job (see [`Batch`]) and returns its
+    /// result once that job's transaction is committed.
+    pub(crate) async fn execute_batched<I, T>(
+        &self,
+        batch: &Arc<Batch<I, T>>,
+        item: I,
+    ) -> StoreResult<T>
+    where
+        I: Send + 'static,
+        T: Send + 'static,
+    {
+        // A place in the channel before the call is queued: a caller
+        // dropped while waiting for room leaves nothing queued, and the
+        // first call sends its job without waiting in between, so a queued
+        // call always has a job coming for it.
+        let permit = self
+            .jobs
+            .reserve()
+            .await
+            .map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?;
+        let (reply, answer) = oneshot::channel();
+        let first = {
+            let mut waiting = batch.waiting();
+            waiting.push((item, reply));
+            waiting.len() == 1
+        };
+        if first {
+            permit.send(Box::new(BatchJob {
+                batch: Arc::clone(batch),
+                taken: Vec::new(),
+                took: false,
+            }));
+        }
         answer
             .await
             .map_err(|_| StoreError::Unavailable("sqlite writer stopped before answering".into()))?
@@ -432,6 +586,125 @@ mod tests {
             .expect("count");
         assert_eq!(count, 360);
         assert!(w.commits() < 400, "{} commits for 401 jobs", w.commits());
+    }
+
+    /// A batch that inserts each of its items into `t` and counts its runs
+    /// in `runs`; item 5 is refused without a write, item 99 fails the
+    /// batch after a write.
+    fn inserting() -> Arc<Batch<i64, i64>> {
+        Batch::new(true, |c, items| {
+            c.execute("INSERT INTO runs DEFAULT VALUES", [])
+                .map_err(super::super::sql_error)?;
+            let mut results = Vec::new();
+            for x in items {
+                match x {
+                    5 => results.push(Err(StoreError::Conflict("five".into()))),
+                    99 => return Err(StoreError::Conflict("ninety-nine".into())),
+                    x => results.push(insert(x)(c)),
+                }
+            }
+            Ok(results)
+        })
+    }
+
+    /// Sends a job that holds the writer until the returned sender is used
+    /// (or dropped), and returns once the writer runs it: what is sent
+    /// after it waits for the next group.
+    async fn gate(w: &Writer) -> std::sync::mpsc::Sender<()> {
+        let (release, hold) = std::sync::mpsc::channel::<()>();
+        let (entered, running) = oneshot::channel::<()>();
+        let (reply, _answer) = oneshot::channel::<StoreResult<()>>();
+        let job = Box::new(TypedJob {
+            synced: false,
+            work: Some(move |_: &Connection| {
+                let _ = entered.send(());
+                let _ = hold.recv();
+                Ok(())
+            }),
+            result: None,
+            reply,
+        });
+        assert!(w.jobs.send(job).await.is_ok(), "writer runs");
+        running.await.expect("the writer runs the gate");
+        release
+    }
+
+    /// Waits until `n` calls wait in `batch`.
+    async fn queued<I, T>(batch: &Batch<I, T>, n: usize) {
+        while batch.waiting().len() < n {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_made_while_the_writer_is_busy_share_one_job_and_get_their_own_results() {
+        let (w, _dir) = writer();
+        w.execute(true, |c| {
+            c.execute_batch("CREATE TABLE runs (n INTEGER PRIMARY KEY)")
+                .map_err(super::super::sql_error)
+        })
+        .await
+        .expect("table");
+        let w = Arc::new(w);
+        let batch = inserting();
+        let release = gate(&w).await;
+        let calls: Vec<_> = (0..10)
+            .map(|x| {
+                let (w, batch) = (Arc::clone(&w), Arc::clone(&batch));
+                tokio::spawn(async move { w.execute_batched(&batch, x).await })
+            })
+            .collect();
+        queued(&batch, 10).await;
+        release.send(()).expect("writer waits at the gate");
+        for (x, call) in (0..10).zip(calls) {
+            let result = call.await.expect("task");
+            if x == 5 {
+                assert!(matches!(result, Err(StoreError::Conflict(_))), "{result:?}");
+            } else {
+                assert_eq!(result, Ok(x));
+            }
+        }
+        let counts = w
+            .execute(true, |c| {
+                c.query_row(
+                    "SELECT (SELECT COUNT(*) FROM t), (SELECT COUNT(*) FROM runs)",
+                    [],
+                    |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+                )
+                .map_err(super::super::sql_error)
+            })
+            .await;
+        assert_eq!(
+            counts,
+            Ok((9, 1)),
+            "nine rows written by one run of the batch"
+        );
+
+        // A batch failing after a write takes its whole group back: every
+        // call of it fails, and so does the job beside it.
+        let release = gate(&w).await;
+        let calls: Vec<_> = [20, 99, 21]
+            .into_iter()
+            .map(|x| {
+                let (w, batch) = (Arc::clone(&w), Arc::clone(&batch));
+                tokio::spawn(async move { w.execute_batched(&batch, x).await })
+            })
+            .collect();
+        queued(&batch, 3).await;
+        let beside = {
+            let w = Arc::clone(&w);
+            tokio::spawn(async move { w.execute(true, insert(22)).await })
+        };
+        while w.jobs.capacity() > CHANNEL_CAPACITY - 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        release.send(()).expect("writer waits at the gate");
+        for call in calls {
+            assert!(call.await.expect("task").is_err());
+        }
+        assert!(beside.await.expect("task").is_err());
+        let rows = w.execute(true, |c| Ok(count(c))).await;
+        assert_eq!(rows, Ok(9), "nothing of that group stayed");
     }
 
     /// A job of `work` and the receiver of its answer.
