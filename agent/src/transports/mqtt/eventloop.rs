@@ -36,7 +36,7 @@
 //!   the partial read and the unwritten rest of a write live in the
 //!   connection, never in a future.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
 use prost::bytes::{Buf, BytesMut};
@@ -47,6 +47,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::codec::{Codec, ConnectOptions, Incoming};
+use super::packet_ids::PacketIdMap;
 use super::protocol::{Client, Control, Event};
 use super::settings::{
     Endpoint, MQTT_MAX_PACKET_BYTES, MqttReceiverSettings, MqttSessionSettings, Protocol, Qos,
@@ -78,7 +79,7 @@ enum Pending {
 /// The packet ids in flight on one connection.
 #[derive(Debug)]
 struct Inflight {
-    pending: HashMap<u16, Pending>,
+    pending: PacketIdMap<Pending>,
     /// How many publishes may be in flight at once.
     window: u16,
     last: u16,
@@ -87,7 +88,7 @@ struct Inflight {
 impl Inflight {
     fn new(window: u16) -> Self {
         Self {
-            pending: HashMap::new(),
+            pending: PacketIdMap::default(),
             window: window.max(1),
             last: 0,
         }

@@ -21,6 +21,7 @@
 
 mod codec;
 mod eventloop;
+mod packet_ids;
 mod properties;
 mod protocol;
 mod receiver;

@@ -19,7 +19,7 @@
 //! - while disconnected a send fails at once (the drainer does not send then);
 //!   every send is bounded by `send_timeout`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
@@ -28,6 +28,7 @@ use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use tokio::sync::{Notify, oneshot, watch};
 use tokio::time::{Instant, timeout_at};
 
+use super::packet_ids::PacketIdMap;
 use super::properties::{properties_for, publish_size};
 use super::protocol::{Client, PublishNotQueued};
 use super::settings::{MqttSenderSettings, Protocol, topic_problem};
@@ -45,7 +46,7 @@ pub(crate) struct Outbound {
     /// Requested, not yet written, in request order.
     queued: VecDeque<Waiter>,
     /// Written, awaiting PUBACK / PUBCOMP.
-    inflight: HashMap<u16, Waiter>,
+    inflight: PacketIdMap<Waiter>,
 }
 
 impl Outbound {
