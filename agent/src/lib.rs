@@ -21,6 +21,7 @@
 //!   `Connect` stream, the running bridges by id, the configuration cache.
 //! - [`datadir`]: one agent per data directory (an exclusive lock file
 //!   beside the SQLite stores, taken before any store is opened).
+//! - [`ids`]: new unique ids (UUIDv7 text) for records and messages.
 //! - [`spans`]: the per-message spans (receive to settle, append, send, DLQ
 //!   write, expiry), created only when tracing is on.
 //! - [`transports`]: sessions, receivers and senders for the brokers and
@@ -36,6 +37,7 @@ pub mod control;
 pub mod datadir;
 pub mod drainer;
 pub mod health;
+pub mod ids;
 pub mod log_state;
 pub mod metrics;
 pub mod routes;

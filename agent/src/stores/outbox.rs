@@ -50,7 +50,7 @@ impl NewRecord {
     /// A record with a fresh UUIDv7 id.
     pub fn new(binding: impl Into<String>, address: impl Into<String>) -> Self {
         NewRecord {
-            id: uuid::Uuid::now_v7().to_string(),
+            id: crate::ids::new_id(),
             binding: binding.into(),
             address: address.into(),
         }

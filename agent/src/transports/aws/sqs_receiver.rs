@@ -294,9 +294,7 @@ impl Poller {
             None
         };
         let envelope = Envelope {
-            id: message
-                .message_id
-                .unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
+            id: message.message_id.unwrap_or_else(crate::ids::new_id),
             headers,
             payload,
             content_type: None,

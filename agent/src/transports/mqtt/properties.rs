@@ -69,7 +69,7 @@ pub(crate) fn envelope_from(
             .find(|(k, v)| k == key && !v.is_empty())
             .map(|(_, v)| v.clone())
     };
-    let id = first(MESSAGE_ID_HEADER).unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let id = first(MESSAGE_ID_HEADER).unwrap_or_else(crate::ids::new_id);
     let trace = TraceContext {
         traceparent: first(TRACEPARENT_HEADER),
         tracestate: first(TRACESTATE_HEADER),
