@@ -99,7 +99,7 @@ impl Redrive {
                         entry.binding_id, entry.route_id
                     )
                 })?;
-                let record = NewRecord::new(binding.id.clone(), binding.address.clone());
+                let record = NewRecord::new(binding.id.as_str(), binding.address.as_str());
                 let message = NewMessage::new(envelope, SystemTime::now(), vec![record]);
                 outbox
                     .append(partition, message)

@@ -221,6 +221,9 @@ struct Running {
     writer: OutboxWriter,
     /// Deliveries held on a failing append or DLQ write.
     hold: StoreHold,
+    /// Each binding's id and address, in the route's order, shared by the
+    /// records of every message.
+    records: Vec<(Arc<str>, Arc<str>)>,
 }
 
 impl OutboxWriter {
@@ -233,9 +236,15 @@ impl OutboxWriter {
         shutdown: CancellationToken,
         grace: Duration,
     ) {
+        let records = self
+            .bindings
+            .iter()
+            .map(|b| (Arc::from(b.id.as_str()), Arc::from(b.address.as_str())))
+            .collect();
         let this = Arc::new(Running {
             writer: self,
             hold: StoreHold::default(),
+            records,
         });
         let w = &this.writer;
         let max_in_flight = w.policy.max_in_flight as usize;
@@ -420,10 +429,10 @@ impl Running {
         let w = &self.writer;
         let now = SystemTime::now();
         let message = || {
-            let records = w
-                .bindings
+            let records = self
+                .records
                 .iter()
-                .map(|b| NewRecord::new(b.id.clone(), b.address.clone()))
+                .map(|(binding, address)| NewRecord::new(Arc::clone(binding), Arc::clone(address)))
                 .collect();
             NewMessage::new(envelope.clone(), now, records)
         };

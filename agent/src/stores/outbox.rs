@@ -40,15 +40,17 @@ pub struct NewRecord {
     /// Unique record id (a UUIDv7 from [`NewRecord::new`]); the id of the DLQ
     /// entry the record may become, so it must never repeat.
     pub id: String,
-    /// The binding (destination) the record is for.
-    pub binding: String,
-    /// The address the binding sends to.
-    pub address: String,
+    /// The binding (destination) the record is for. Shared: a route makes
+    /// one record per binding of every message, and a copy of the name for
+    /// each cost an allocation.
+    pub binding: Arc<str>,
+    /// The address the binding sends to (shared, as `binding`).
+    pub address: Arc<str>,
 }
 
 impl NewRecord {
     /// A record with a fresh UUIDv7 id.
-    pub fn new(binding: impl Into<String>, address: impl Into<String>) -> Self {
+    pub fn new(binding: impl Into<Arc<str>>, address: impl Into<Arc<str>>) -> Self {
         NewRecord {
             id: crate::ids::new_id(),
             binding: binding.into(),

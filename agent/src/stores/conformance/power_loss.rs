@@ -157,7 +157,7 @@ fn power_loss_child() {
                         .collect();
                     let ids: Vec<(String, String)> = records
                         .iter()
-                        .map(|r| (r.id.clone(), r.binding.clone()))
+                        .map(|r| (r.id.clone(), r.binding.to_string()))
                         .collect();
                     let message = NewMessage::new(envelope(&name), t(0), records);
                     let seqs = store.append(PARTITION, message).await.expect("append");

@@ -366,8 +366,8 @@ impl DynamoDbOutboxStore {
                     ("msg".to_owned(), n(first)),
                     ("msg_last".to_owned(), n(last)),
                     ("id".to_owned(), s(&r.id)),
-                    ("binding".to_owned(), s(&r.binding)),
-                    ("address".to_owned(), s(&r.address)),
+                    ("binding".to_owned(), s(&*r.binding)),
+                    ("address".to_owned(), s(&*r.address)),
                     ("created_at".to_owned(), n(created_at)),
                     ("replay_count".to_owned(), n(0)),
                 ]);

@@ -373,8 +373,8 @@ async fn append_group(db: &Db, group: &[AppendJob]) -> StoreResult<Vec<Vec<u64>>
                     rows.seq.push(next);
                     rows.msg.push(first);
                     rows.id.push(r.id.clone());
-                    rows.binding.push(r.binding.clone());
-                    rows.address.push(r.address.clone());
+                    rows.binding.push(r.binding.to_string());
+                    rows.address.push(r.address.to_string());
                     rows.created_at.push(e.created_at);
                     rows.expires_at.push(e.expires_at);
                     seqs[e.job].push(to_u64(next)?);
