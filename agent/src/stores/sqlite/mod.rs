@@ -333,6 +333,37 @@ mod tests {
         store.close().await;
     }
 
+    /// Appends made together into a store that fills up share batches, and
+    /// SQLite rolls a whole transaction back when one of them does not fit:
+    /// exactly the appends answered `Ok` are stored, whatever the others of
+    /// their batch and group were answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_made_together_into_a_filling_store_are_ok_exactly_when_stored() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let limited = SqliteOptions {
+            max_size_bytes: Some(256 * 1024),
+            ..sqlite_options(&dir, "outbox.db")
+        };
+        let store = SqliteOutboxStore::open(limited).await.expect("open");
+        let (mut stored, mut full) = (0u64, false);
+        for round in 0..40 {
+            let appends = (0..8).map(|i| store.append("p", message(&format!("r{round}-{i}"), 12)));
+            for result in futures::future::join_all(appends).await {
+                match result {
+                    Ok(_) => stored += 1,
+                    Err(e) => full |= matches!(e, StoreError::Full(_)),
+                }
+            }
+            if full {
+                break;
+            }
+        }
+        assert!(full, "the size limit never applied");
+        let stats = store.stats("p").await.expect("stats");
+        assert_eq!(stats.total.depth, stored);
+        store.close().await;
+    }
+
     /// A full outbox drains: claims (which grow the record rows they mark)
     /// and completions still fit once appends no longer do, so room comes
     /// back and appends go on.

@@ -420,6 +420,11 @@ fn append_one(
     partition: String,
     message: NewMessage,
 ) -> StoreResult<Vec<u64>> {
+    // Checked before anything is written (a new partition's row included),
+    // so a refused append leaves nothing.
+    let created_at = unix_nanos(message.created_at)?;
+    let expires_at = message.expires_at.map(unix_nanos).transpose()?;
+    // A batch holds the appends of a store's few routes: a short list.
     let i = match partitions.iter().position(|p| p.partition == partition) {
         Some(i) => i,
         None => {
@@ -440,10 +445,7 @@ fn append_one(
     let first = p.last + 1;
     let last = p.last + message.records.len() as u64;
     let keys = Keys::of(p.pid)?;
-    // Checked before anything is written, so a refused append leaves nothing.
     keys.key(last).ok_or_else(|| seqs_used_up(&p.partition))?;
-    let created_at = unix_nanos(message.created_at)?;
-    let expires_at = message.expires_at.map(unix_nanos).transpose()?;
     inserts
         .message
         .execute(params![

@@ -135,8 +135,12 @@ where
 /// The first call that finds the batch empty sends its job; every call
 /// queued before the writer runs that job joins it, and later calls start
 /// the next one. A batch pays once what every call would otherwise pay
-/// (a job, a wake-up of the writer, the lookups its work begins with), and
-/// its calls still commit in the group the writer would have given them.
+/// (a job, a wake-up of the writer, the lookups its work begins with). A
+/// call that joins a job may commit ahead of jobs sent before it: calls
+/// made concurrently have no order to keep. Only the first call of a batch
+/// holds a place in the writer's channel, and a batch counts as one job of
+/// its group, so a batch is as large as the calls made at once (for the
+/// outbox's appends, the deliveries its routes have in flight).
 /// `work` gets the calls in the order they were made and returns each
 /// one's own result; its `Err` fails every call of the batch, and it takes
 /// the writer's group back if the batch wrote part of its work before it
@@ -180,6 +184,15 @@ struct BatchJob<I, T> {
 }
 
 impl<I: Send + 'static, T: Send + 'static> BatchJob<I, T> {
+    /// Every call taken fails with `error` (written or not, none of the
+    /// batch stays: see [`Batch`]); returns it for the writer.
+    fn fail(&mut self, error: StoreError) -> StoreError {
+        for (_, slot) in &mut self.taken {
+            *slot = Some(Err(error.clone()));
+        }
+        error
+    }
+
     /// Takes the calls waiting; their inputs.
     fn take(&mut self) -> Vec<I> {
         let waiting = std::mem::take(&mut *self.batch.waiting());
@@ -193,14 +206,18 @@ impl<I: Send + 'static, T: Send + 'static> BatchJob<I, T> {
 impl<I: Send + 'static, T: Send + 'static> Job for BatchJob<I, T> {
     fn run(&mut self, conn: &Connection) -> Result<(), StoreError> {
         let items = self.take();
-        let results = (self.batch.work)(conn, items)?;
-        if results.len() != self.taken.len() {
-            return Err(StoreError::Unavailable(format!(
-                "a batch of {} calls returned {} results",
-                self.taken.len(),
-                results.len()
-            )));
-        }
+        let results = match (self.batch.work)(conn, items) {
+            Ok(results) if results.len() == self.taken.len() => results,
+            Ok(results) => {
+                let error = StoreError::Unavailable(format!(
+                    "a batch of {} calls returned {} results",
+                    self.taken.len(),
+                    results.len()
+                ));
+                return Err(self.fail(error));
+            }
+            Err(error) => return Err(self.fail(error)),
+        };
         for ((_, slot), result) in self.taken.iter_mut().zip(results) {
             *slot = Some(result);
         }
@@ -214,13 +231,12 @@ impl<I: Send + 'static, T: Send + 'static> Job for BatchJob<I, T> {
         }
         for (reply, result) in std::mem::take(&mut self.taken) {
             let outcome = match (result, commit) {
-                // Its own failure wrote nothing: certainly not applied.
+                // Its own failure: it wrote nothing, or its batch took the
+                // group back (see `fail`). Certainly not applied.
                 (Some(Err(e)), _) => Err(e),
                 (Some(Ok(v)), Ok(())) => Ok(v),
                 (_, Err(e)) => Err(e.clone()),
-                (None, Ok(())) => Err(StoreError::Unavailable(
-                    "the batch failed before this call ran".into(),
-                )),
+                (None, Ok(())) => Err(StoreError::Unavailable("the batch was not run".into())),
             };
             let _ = reply.send(outcome);
         }
@@ -329,6 +345,10 @@ impl Writer {
                 taken: Vec::new(),
                 took: false,
             }));
+        } else {
+            // Its job is already on its way: the place goes back now, not
+            // when the call is answered.
+            drop(permit);
         }
         answer
             .await
@@ -631,9 +651,48 @@ mod tests {
 
     /// Waits until `n` calls wait in `batch`.
     async fn queued<I, T>(batch: &Batch<I, T>, n: usize) {
-        while batch.waiting().len() < n {
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
+        settled(|| batch.waiting().len() >= n, "calls queued").await;
+    }
+
+    /// Waits until `done`, failing after five seconds.
+    async fn settled(done: impl Fn() -> bool, what: &str) {
+        let waited = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while !done() {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "{what}: still waiting after 5 s");
+    }
+
+    /// Sends a plain job of `work` from a task of its own; the task's
+    /// handle, once the job is in the channel (beside `queued` others).
+    async fn sent_beside<T: Send + 'static>(
+        w: &Arc<Writer>,
+        queued: usize,
+        work: impl FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    ) -> tokio::task::JoinHandle<StoreResult<T>> {
+        let handle = {
+            let w = Arc::clone(w);
+            tokio::spawn(async move { w.execute(true, work).await })
+        };
+        settled(|| w.jobs.capacity() < CHANNEL_CAPACITY - queued, "job sent").await;
+        handle
+    }
+
+    /// Calls of `batch` made from tasks of their own, in order.
+    fn called(
+        w: &Arc<Writer>,
+        batch: &Arc<Batch<i64, i64>>,
+        items: impl IntoIterator<Item = i64>,
+    ) -> Vec<tokio::task::JoinHandle<StoreResult<i64>>> {
+        items
+            .into_iter()
+            .map(|x| {
+                let (w, batch) = (Arc::clone(w), Arc::clone(batch));
+                tokio::spawn(async move { w.execute_batched(&batch, x).await })
+            })
+            .collect()
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -648,12 +707,7 @@ mod tests {
         let w = Arc::new(w);
         let batch = inserting();
         let release = gate(&w).await;
-        let calls: Vec<_> = (0..10)
-            .map(|x| {
-                let (w, batch) = (Arc::clone(&w), Arc::clone(&batch));
-                tokio::spawn(async move { w.execute_batched(&batch, x).await })
-            })
-            .collect();
+        let calls = called(&w, &batch, 0..10);
         queued(&batch, 10).await;
         release.send(()).expect("writer waits at the gate");
         for (x, call) in (0..10).zip(calls) {
@@ -683,26 +737,32 @@ mod tests {
         // A batch failing after a write takes its whole group back: every
         // call of it fails, and so does the job beside it.
         let release = gate(&w).await;
-        let calls: Vec<_> = [20, 99, 21]
-            .into_iter()
-            .map(|x| {
-                let (w, batch) = (Arc::clone(&w), Arc::clone(&batch));
-                tokio::spawn(async move { w.execute_batched(&batch, x).await })
-            })
-            .collect();
+        let calls = called(&w, &batch, [20, 99, 21]);
         queued(&batch, 3).await;
-        let beside = {
-            let w = Arc::clone(&w);
-            tokio::spawn(async move { w.execute(true, insert(22)).await })
-        };
-        while w.jobs.capacity() > CHANNEL_CAPACITY - 2 {
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
+        let beside = sent_beside(&w, 1, insert(22)).await;
         release.send(()).expect("writer waits at the gate");
         for call in calls {
             assert!(call.await.expect("task").is_err());
         }
         assert!(beside.await.expect("task").is_err());
+        let rows = w.execute(true, |c| Ok(count(c))).await;
+        assert_eq!(rows, Ok(9), "nothing of that group stayed");
+
+        // A batch that succeeded is taken back with its group when a job
+        // after it fails part-way: its calls must not be answered `Ok`.
+        let release = gate(&w).await;
+        let calls = called(&w, &batch, [30, 31]);
+        queued(&batch, 2).await;
+        let partial = sent_beside(&w, 1, |c: &Connection| {
+            insert(32)(c)?;
+            insert(30)(c)
+        })
+        .await;
+        release.send(()).expect("writer waits at the gate");
+        for call in calls {
+            assert!(call.await.expect("task").is_err());
+        }
+        assert!(partial.await.expect("task").is_err());
         let rows = w.execute(true, |c| Ok(count(c))).await;
         assert_eq!(rows, Ok(9), "nothing of that group stayed");
     }
