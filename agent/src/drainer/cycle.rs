@@ -365,18 +365,17 @@ impl Drainer {
     ) {
         for (i, lane) in lanes.0.iter_mut().enumerate() {
             while !lane.stopped && lane.in_flight < SEND_WINDOW {
-                let Some(mut r) = lane.queue.pop_front() else {
+                let Some(r) = lane.queue.pop_front() else {
                     break;
                 };
                 lane.in_flight += 1;
                 let sender = Arc::clone(&self.sender);
                 sends.push(Box::pin(async move {
-                    // Lent to the send and given back: no copy per send.
-                    let address = Address::new(std::mem::take(&mut r.address));
+                    // Shared with the record: no copy per send.
+                    let address = Address::new(Arc::clone(&r.address));
                     let attempt = r.replay_count.saturating_add(1);
                     let result =
                         spans::send(&*sender, &r.envelope, &r.binding, &address, attempt).await;
-                    r.address = address.into_string();
                     (i, r, result)
                 }));
             }
@@ -453,7 +452,7 @@ impl Drainer {
     ) -> (Vec<(&'r OutboxRecord, Terminal)>, Vec<u64>) {
         let (mut done, mut retry) = (Vec::new(), Vec::new());
         for (r, failure, action) in records {
-            let Some(binding) = self.bindings.get(&r.binding) else {
+            let Some(binding) = self.bindings.get(&*r.binding) else {
                 retry.push(r.seq);
                 continue;
             };
@@ -521,7 +520,7 @@ impl Drainer {
             let now = SystemTime::now();
             for (r, t) in &terminal {
                 if done.binary_search(&r.seq).is_ok()
-                    && let Some(b) = self.bindings.get(&r.binding)
+                    && let Some(b) = self.bindings.get(&*r.binding)
                 {
                     b.metrics
                         .finished(*t, 1, now.duration_since(r.created_at).ok());

@@ -374,7 +374,7 @@ async fn expiry_runs_while_disconnected_and_nothing_is_sent() {
     assert_eq!(page.entries[0].reason, DlqReason::Expired);
     let left = f.outbox.dump(P).expect("dump");
     assert_eq!(left.len(), 1);
-    assert_eq!(left[0].binding, "y");
+    assert_eq!(&*left[0].binding, "y");
     assert!(left[0].claim.is_none(), "the live record stays pending");
     let x = &f.drainer.bindings["x"].metrics.counts();
     assert_eq!(x.expired, 1);

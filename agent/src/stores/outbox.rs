@@ -62,16 +62,17 @@ impl NewRecord {
 /// A stored record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutboxRecord {
-    /// The partition (`{bridge}/{route}`).
-    pub partition: String,
+    /// The partition (`{bridge}/{route}`), shared by the records one call
+    /// returns.
+    pub partition: Arc<str>,
     /// Position in the partition, strictly increasing, never reused.
     pub seq: u64,
     /// Unique record id.
     pub id: String,
-    /// The binding the record is for.
-    pub binding: String,
-    /// The address the binding sends to.
-    pub address: String,
+    /// The binding the record is for (shared, see [`Names`]).
+    pub binding: Arc<str>,
+    /// The address the binding sends to (shared, see [`Names`]).
+    pub address: Arc<str>,
     /// The message, shared by the records of one message that one call
     /// returns.
     pub envelope: Arc<Envelope>,
@@ -204,14 +205,40 @@ pub(crate) fn stale_before(now: SystemTime, after: Duration) -> StoreResult<i64>
     Ok(super::unix_nanos(now)?.saturating_sub(after))
 }
 
+/// The names (bindings, addresses) of the records one call reads, each
+/// shared by every record that carries it instead of copied for each: a
+/// claim returns a record per binding of every message, and copying the two
+/// names out of the row for each cost two allocations. Keeps the last
+/// [`Names::KEEP`] names seen, as a route has a few bindings; an address
+/// made per message from a template is copied as before.
+#[derive(Default)]
+pub(crate) struct Names(Vec<Arc<str>>);
+
+impl Names {
+    const KEEP: usize = 8;
+
+    /// `name`, shared with the records read before it that carry it.
+    pub(crate) fn get(&mut self, name: &str) -> Arc<str> {
+        if let Some(known) = self.0.iter().find(|known| ***known == *name) {
+            return Arc::clone(known);
+        }
+        let new: Arc<str> = Arc::from(name);
+        if self.0.len() == Self::KEEP {
+            self.0.remove(0);
+        }
+        self.0.push(Arc::clone(&new));
+        new
+    }
+}
+
 /// A record row as a backend stores it (times in Unix nanoseconds, integers
 /// as `i64`), before its times are decoded and its envelope attached.
 pub(crate) struct RawRecord {
     pub(crate) seq: i64,
     pub(crate) msg: i64,
     pub(crate) id: String,
-    pub(crate) binding: String,
-    pub(crate) address: String,
+    pub(crate) binding: Arc<str>,
+    pub(crate) address: Arc<str>,
     pub(crate) created_at: i64,
     pub(crate) expires_at: Option<i64>,
     pub(crate) claim_version: Option<i64>,
@@ -232,7 +259,7 @@ impl RawRecord {
 
     pub(crate) fn into_record(
         self,
-        partition: &str,
+        partition: &Arc<str>,
         envelope: Arc<Envelope>,
     ) -> StoreResult<OutboxRecord> {
         let claim = match (self.claim_version, self.claim_owner, self.claimed_at) {
@@ -244,7 +271,7 @@ impl RawRecord {
             _ => None,
         };
         Ok(OutboxRecord {
-            partition: partition.to_owned(),
+            partition: Arc::clone(partition),
             seq: stored_u64(self.seq)?,
             id: self.id,
             binding: self.binding,
@@ -274,6 +301,7 @@ pub(crate) fn into_records(
     // one after another: the last message decoded is the only one to keep.
     let mut decoded: Option<(i64, Arc<Envelope>)> = None;
     let mut out = Vec::with_capacity(rows.len());
+    let shared_partition: Arc<str> = Arc::from(partition);
     for row in rows {
         let shared = match &decoded {
             Some((msg, e)) if *msg == row.msg => Arc::clone(e),
@@ -292,7 +320,7 @@ pub(crate) fn into_records(
                 e
             }
         };
-        out.push(row.into_record(partition, shared)?);
+        out.push(row.into_record(&shared_partition, shared)?);
     }
     Ok(out)
 }

@@ -27,6 +27,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_shared::envelope::Envelope;
@@ -78,22 +79,18 @@ pub trait Sender: Send + Sync {
 
 /// Where a sender puts a message: a topic, a queue name or a queue URL.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Address(String);
+pub struct Address(Arc<str>);
 
 impl Address {
-    /// An address as the binding names it.
-    pub fn new(address: impl Into<String>) -> Self {
+    /// An address as the binding names it; shared, not copied, when it
+    /// already is an `Arc<str>` (a stored record's address).
+    pub fn new(address: impl Into<Arc<str>>) -> Self {
         Self(address.into())
     }
 
     /// The address as text.
     pub fn as_str(&self) -> &str {
         &self.0
-    }
-
-    /// The address's text, given back.
-    pub fn into_string(self) -> String {
-        self.0
     }
 }
 
@@ -111,7 +108,7 @@ impl From<&str> for Address {
 
 impl From<String> for Address {
     fn from(address: String) -> Self {
-        Self(address)
+        Self::new(address)
     }
 }
 

@@ -181,13 +181,13 @@ pub(crate) async fn claim_is_oldest_first_per_binding<S: OutboxHarness + OutboxS
     for b in ["a", "b", "c"] {
         let order: Vec<u64> = all
             .iter()
-            .filter(|r| r.binding == b)
+            .filter(|r| *r.binding == *b)
             .map(|r| r.seq)
             .collect();
         assert!(order.windows(2).all(|w| w[0] < w[1]), "{b}: {order:?}");
     }
     let r = &all[0];
-    assert_eq!((r.binding.as_str(), r.address.as_str()), ("a", "a/topic"));
+    assert_eq!((&*r.binding, &*r.address), ("a", "a/topic"));
     assert_eq!(r.envelope.payload.as_ref(), b"a,b,c");
     // The records of a message returned by one call share its envelope.
     assert!(
@@ -436,7 +436,7 @@ pub(crate) async fn expire_claims_only_pending_past_expiry<S: OutboxHarness + Ou
     let s = s.reopen().await;
     let first = s.expire(&p, "o", 1, t(10), 1).await.expect("expire");
     assert_eq!(seqs(&first), vec![seqs_in[1]]);
-    assert_eq!(first[0].binding, "due1");
+    assert_eq!(&*first[0].binding, "due1");
     assert_eq!(first[0].claim.as_ref().map(|c| c.version), Some(1));
     let second = s.expire(&p, "o", 1, t(10), 10).await.expect("expire");
     assert_eq!(seqs(&second), vec![seqs_in[2]]);
@@ -460,7 +460,7 @@ pub(crate) async fn expire_claims_only_pending_past_expiry<S: OutboxHarness + Ou
         .await
         .expect("dump")
         .into_iter()
-        .map(|r| r.binding)
+        .map(|r| r.binding.to_string())
         .collect();
     assert_eq!(left, ["later", "never"]);
     assert!(
@@ -519,7 +519,7 @@ pub(crate) async fn partitions_are_independent<S: OutboxHarness + OutboxStore>(s
     s.claim(&p, "o", 9, 10, t(1)).await.expect("claim");
     let got = s.claim(&q, "o", 1, 10, t(1)).await.expect("claim");
     assert_eq!(seqs(&got), q_seqs);
-    assert!(got.iter().all(|r| r.partition == q));
+    assert!(got.iter().all(|r| *r.partition == *q));
     let s = s.reopen().await;
     assert_eq!(s.stats(&p).await.expect("stats").high_water_mark, 9);
     assert_eq!(s.stats(&q).await.expect("stats").high_water_mark, 1);

@@ -344,7 +344,7 @@ async fn check_image(run: &Run, k: usize, dir: &Path) -> Vec<u64> {
         match stored.iter().find(|r| r.seq == *seq) {
             Some(r) => {
                 assert_eq!(
-                    (&r.id, &r.binding, r.envelope.payload.as_ref()),
+                    (&r.id, &r.binding.to_string(), r.envelope.payload.as_ref()),
                     (id, binding, name.as_bytes()),
                     "image {k}: record {seq} is not as appended"
                 );

@@ -194,8 +194,8 @@ fn raw(item: &Item, hwm: u64) -> StoreResult<RawRecord> {
         seq: get_n(item, "sk")?,
         msg: get_n(item, "msg")?,
         id: get_s(item, "id")?,
-        binding: get_s(item, "binding")?,
-        address: get_s(item, "address")?,
+        binding: get_s(item, "binding")?.into(),
+        address: get_s(item, "address")?.into(),
         created_at: get_n(item, "created_at")?,
         expires_at: opt_n(item, "expires_at")?,
         claim_version,
@@ -973,7 +973,7 @@ impl OutboxStore for DynamoDbOutboxStore {
                 stats.total.add(claimed, created_at);
                 stats
                     .bindings
-                    .entry(row.binding)
+                    .entry(row.binding.to_string())
                     .or_default()
                     .add(claimed, created_at);
             }

@@ -91,6 +91,7 @@ impl MemoryOutboxStore {
         let mut parts = lock(&self.partitions)?;
         let p = parts.entry(partition.to_owned()).or_default();
         let envelope = Arc::new(message.envelope);
+        let shared_partition: Arc<str> = Arc::from(partition);
         let mut seqs = Vec::with_capacity(message.records.len());
         for r in message.records {
             p.last_seq += 1;
@@ -99,11 +100,11 @@ impl MemoryOutboxStore {
             p.records.insert(
                 seq,
                 OutboxRecord {
-                    partition: partition.to_owned(),
+                    partition: Arc::clone(&shared_partition),
                     seq,
                     id: r.id,
-                    binding: r.binding.to_string(),
-                    address: r.address.to_string(),
+                    binding: r.binding,
+                    address: r.address,
                     envelope: Arc::clone(&envelope),
                     created_at: message.created_at,
                     expires_at: message.expires_at,
@@ -231,7 +232,7 @@ impl MemoryOutboxStore {
                 stats.total.add(claimed, r.created_at);
                 stats
                     .bindings
-                    .entry(r.binding.clone())
+                    .entry(r.binding.to_string())
                     .or_default()
                     .add(claimed, r.created_at);
             }

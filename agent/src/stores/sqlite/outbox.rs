@@ -75,7 +75,7 @@ use std::time::{Duration, SystemTime};
 use rusqlite::{CachedStatement, Connection, OptionalExtension, Row, params};
 
 use super::{Batch, Db, SqliteOptions, schema, sql_error, to_i64, to_u64};
-use crate::stores::outbox::{RawRecord, into_records, stale, validate_append};
+use crate::stores::outbox::{Names, RawRecord, into_records, stale, validate_append};
 use crate::stores::{
     BoxFuture, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release, StoreError,
     StoreResult, from_unix_nanos, unix_nanos,
@@ -209,8 +209,9 @@ impl SqliteOutboxStore {
                     WHERE r.key BETWEEN ?1 AND ?2 ORDER BY r.key";
                 let mut stmt = conn.prepare(sql).map_err(sql_error)?;
                 let (first, last) = Keys::of(p.pid)?.range();
+                let mut names = Names::default();
                 let rows = stmt
-                    .query_map([first, last, p.claimed_to], raw_record)
+                    .query_map([first, last, p.claimed_to], |r| raw_record(r, &mut names))
                     .map_err(sql_error)?
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(sql_error)?;
@@ -239,13 +240,22 @@ impl SqliteOutboxStore {
     }
 }
 
-fn raw_record(r: &Row<'_>) -> rusqlite::Result<RawRecord> {
+/// Column `i` of `r` as text, borrowed from the row.
+fn text<'r>(r: &'r Row<'_>, i: usize) -> rusqlite::Result<&'r str> {
+    r.get_ref(i)?.as_str().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, e.into())
+    })
+}
+
+/// A record row, its binding and address shared through `names` with the
+/// rows read before it.
+fn raw_record(r: &Row<'_>, names: &mut Names) -> rusqlite::Result<RawRecord> {
     Ok(RawRecord {
         seq: seq_of(r.get(0)?),
         msg: r.get(1)?,
         id: r.get(2)?,
-        binding: r.get(3)?,
-        address: r.get(4)?,
+        binding: names.get(text(r, 3)?),
+        address: names.get(text(r, 4)?),
         created_at: r.get(5)?,
         expires_at: r.get(6)?,
         claim_version: r.get(7)?,
@@ -696,9 +706,10 @@ fn selected(
     sql: &str,
     args: impl rusqlite::Params,
 ) -> StoreResult<Vec<RawRecord>> {
+    let mut names = Names::default();
     conn.prepare_cached(sql)
         .map_err(sql_error)?
-        .query_map(args, raw_record)
+        .query_map(args, |r| raw_record(r, &mut names))
         .map_err(sql_error)?
         .collect::<Result<Vec<_>, _>>()
         .map_err(sql_error)

@@ -521,7 +521,7 @@ mod tests {
                 (
                     r.seq,
                     r.id.as_str(),
-                    r.binding.as_str(),
+                    &*r.binding,
                     r.envelope.payload.as_ref(),
                     r.claim.as_ref().map(|c| (c.version, c.owner.as_str())),
                     r.replay_count,
