@@ -85,11 +85,22 @@ fn envelope(payload: &Bytes) -> Envelope {
     }
 }
 
+/// The bindings' ids and addresses, made once and shared by every record, as
+/// the `shared_outbox` writer does.
+type Names = Arc<[(Arc<str>, Arc<str>)]>;
+
+fn names(bindings: usize) -> Names {
+    (0..bindings)
+        .map(|b| (Arc::from(format!("b{b}")), Arc::from(format!("b{b}/x"))))
+        .collect()
+}
+
 /// What one append writes: a message with one record per binding (the
 /// `shared_outbox` writer's append).
-fn message(payload: &Bytes, bindings: usize) -> NewMessage {
-    let records = (0..bindings)
-        .map(|b| NewRecord::new(format!("b{b}"), format!("b{b}/x")))
+fn message(payload: &Bytes, names: &Names) -> NewMessage {
+    let records = names
+        .iter()
+        .map(|(binding, address)| NewRecord::new(Arc::clone(binding), Arc::clone(address)))
         .collect();
     NewMessage::new(envelope(payload), SystemTime::now(), records)
 }
@@ -173,10 +184,11 @@ async fn main() -> anyhow::Result<()> {
 /// whenever one is pending.
 async fn sequential(store: &dyn OutboxStore, args: &Args) -> anyhow::Result<()> {
     let payload = Bytes::from(vec![b'x'; args.payload]);
+    let bindings = names(args.bindings);
     let (mut pending, mut drained) = (0, 0);
     for _ in 0..args.messages {
         store
-            .append(PARTITION, message(&payload, args.bindings))
+            .append(PARTITION, message(&payload, &bindings))
             .await?;
         pending += args.bindings;
         while pending >= args.batch {
@@ -208,7 +220,7 @@ async fn concurrent(
     let appending = Arc::new(AtomicBool::new(true));
     let appender = {
         let (store, appending) = (Arc::clone(store), Arc::clone(&appending));
-        let (messages, bindings, in_flight) = (args.messages, args.bindings, args.in_flight);
+        let (messages, bindings, in_flight) = (args.messages, names(args.bindings), args.in_flight);
         tokio::spawn(async move {
             let mut pending = FuturesUnordered::new();
             let mut waited = Duration::ZERO;
@@ -218,7 +230,7 @@ async fn concurrent(
                 {
                     waited += r?;
                 }
-                let next = message(&payload, bindings);
+                let next = message(&payload, &bindings);
                 let store = Arc::clone(&store);
                 pending.push(async move {
                     let t = Instant::now();

@@ -84,7 +84,7 @@ use super::{
     DynamoDbOptions, Item, MAX_TRANSACTION, Table, b, build_error, check_size, condition_failed,
     get_b, get_n, get_s, n, opt_n, opt_s, s, transient_cancel,
 };
-use crate::stores::outbox::{RawRecord, into_records, stale, stale_before, validate_append};
+use crate::stores::outbox::{Names, RawRecord, into_records, stale, stale_before, validate_append};
 use crate::stores::{
     BoxFuture, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release, StoreError,
     StoreResult, from_unix_nanos, unix_nanos,
@@ -178,7 +178,9 @@ struct Group {
 
 /// A record item as a row; a claim below `hwm` is void and reads as pending
 /// (invariant 3).
-fn raw(item: &Item, hwm: u64) -> StoreResult<RawRecord> {
+/// Its binding and address are shared through `names` with the items read
+/// before it.
+fn raw(item: &Item, hwm: u64, names: &mut Names) -> StoreResult<RawRecord> {
     let claim_version: Option<i64> = opt_n(item, "claim_version")?;
     let live = claim_version.is_some_and(|v| u64::try_from(v).is_ok_and(|v| v >= hwm));
     let (claim_version, claim_owner, claimed_at) = if live {
@@ -194,8 +196,8 @@ fn raw(item: &Item, hwm: u64) -> StoreResult<RawRecord> {
         seq: get_n(item, "sk")?,
         msg: get_n(item, "msg")?,
         id: get_s(item, "id")?,
-        binding: get_s(item, "binding")?.into(),
-        address: get_s(item, "address")?.into(),
+        binding: names.get(&get_s(item, "binding")?),
+        address: names.get(&get_s(item, "address")?),
         created_at: get_n(item, "created_at")?,
         expires_at: opt_n(item, "expires_at")?,
         claim_version,
@@ -518,10 +520,10 @@ impl DynamoDbOutboxStore {
             .buffered(CLAIM_CONCURRENCY)
             .collect()
             .await;
-        let mut rows = Vec::new();
+        let (mut rows, mut names) = (Vec::new(), Names::default());
         for item in claimed {
             if let Some(item) = item? {
-                rows.push(raw(&item, version)?);
+                rows.push(raw(&item, version, &mut names)?);
             }
         }
         self.with_envelopes(partition, rows).await
@@ -865,10 +867,10 @@ impl DynamoDbOutboxStore {
     /// Every record of `partition` as stored, void claims pending.
     async fn records(&self, partition: &str) -> StoreResult<(u64, Vec<RawRecord>)> {
         let hwm = self.hwm(partition).await?;
-        let mut rows = Vec::new();
+        let (mut rows, mut names) = (Vec::new(), Names::default());
         self.table
             .query(&records_pk(partition), (HEAD + 1, LAST), PAGE, |item| {
-                rows.push(raw(&item, hwm)?);
+                rows.push(raw(&item, hwm, &mut names)?);
                 Ok(true)
             })
             .await?;

@@ -59,7 +59,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{GenericClient, Row};
 
 use super::{Db, PostgresOptions, TxError, in_transaction, schema, to_i64, to_u64};
-use crate::stores::outbox::{RawRecord, into_records, stale, stale_before, validate_append};
+use crate::stores::outbox::{Names, RawRecord, into_records, stale, stale_before, validate_append};
 use crate::stores::{
     BoxFuture, NewMessage, OutboxRecord, OutboxStats, OutboxStore, Release, StoreError,
     StoreResult, from_unix_nanos, unix_nanos,
@@ -201,7 +201,11 @@ impl PostgresOutboxStore {
         let Some(pid) = rows.first().map(|r| r.get::<_, i64>(13)) else {
             return Ok(Vec::new());
         };
-        let raw = rows.iter().map(raw_record).collect::<Result<_, _>>();
+        let mut names = Names::default();
+        let raw = rows
+            .iter()
+            .map(|r| raw_record(r, &mut names))
+            .collect::<Result<_, _>>();
         let raw = raw.map_err(super::pg_error)?;
         with_envelopes(&**client, partition, pid, raw)
             .await
@@ -228,13 +232,15 @@ impl PostgresOutboxStore {
     }
 }
 
-fn raw_record(r: &Row) -> Result<RawRecord, tokio_postgres::Error> {
+/// A record row, its binding and address shared through `names` with the
+/// rows read before it.
+fn raw_record(r: &Row, names: &mut Names) -> Result<RawRecord, tokio_postgres::Error> {
     Ok(RawRecord {
         seq: r.try_get(0)?,
         msg: r.try_get(1)?,
         id: r.try_get(2)?,
-        binding: Arc::from(r.try_get::<_, &str>(3)?),
-        address: Arc::from(r.try_get::<_, &str>(4)?),
+        binding: names.get(r.try_get(3)?),
+        address: names.get(r.try_get(4)?),
         created_at: r.try_get(5)?,
         expires_at: r.try_get(6)?,
         claim_version: r.try_get(7)?,
@@ -535,7 +541,11 @@ impl PostgresOutboxStore {
                 }
                 Pick::Expire => tx.query(&stmt, &[&pid, &limit, &owner, &v, &now]).await?,
             };
-            let raw = rows.iter().map(raw_record).collect::<Result<Vec<_>, _>>()?;
+            let mut names = Names::default();
+            let raw = rows
+                .iter()
+                .map(|r| raw_record(r, &mut names))
+                .collect::<Result<Vec<_>, _>>()?;
             with_envelopes(&*tx, partition, pid, raw).await
         })
     }

@@ -304,13 +304,16 @@ impl Writer {
             result: None,
             reply,
         });
+        self.place().await?.send(job);
+        answered(answer).await
+    }
+
+    /// A place in the writer's channel (callers wait while it is full).
+    async fn place(&self) -> StoreResult<mpsc::Permit<'_, Box<dyn Job>>> {
         self.jobs
-            .send(job)
+            .reserve()
             .await
-            .map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Unavailable("sqlite writer stopped before answering".into()))?
+            .map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))
     }
 
     /// Runs `item` in `batch`'s next job (see [`Batch`]) and returns its
@@ -328,11 +331,7 @@ impl Writer {
         // dropped while waiting for room leaves nothing queued, and the
         // first call sends its job without waiting in between, so a queued
         // call always has a job coming for it.
-        let permit = self
-            .jobs
-            .reserve()
-            .await
-            .map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?;
+        let permit = self.place().await?;
         let (reply, answer) = oneshot::channel();
         let first = {
             let mut waiting = batch.waiting();
@@ -350,9 +349,7 @@ impl Writer {
             // when the call is answered.
             drop(permit);
         }
-        answer
-            .await
-            .map_err(|_| StoreError::Unavailable("sqlite writer stopped before answering".into()))?
+        answered(answer).await
     }
 
     /// Transactions committed so far.
@@ -369,6 +366,13 @@ impl Writer {
         // has nothing left to close.
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
+}
+
+/// A call's answer; `Unavailable` when the writer stopped without one.
+async fn answered<T>(answer: oneshot::Receiver<StoreResult<T>>) -> StoreResult<T> {
+    answer
+        .await
+        .map_err(|_| StoreError::Unavailable("sqlite writer stopped before answering".into()))?
 }
 
 /// The size limit of a store in pages (`max_page_count`).
@@ -736,35 +740,37 @@ mod tests {
 
         // A batch failing after a write takes its whole group back: every
         // call of it fails, and so does the job beside it.
-        let release = gate(&w).await;
-        let calls = called(&w, &batch, [20, 99, 21]);
-        queued(&batch, 3).await;
-        let beside = sent_beside(&w, 1, insert(22)).await;
+        taken_back_together(&w, &batch, &[20, 99, 21], insert(22)).await;
+        // A batch that succeeded is taken back with its group when a job
+        // after it fails part-way: its calls must not be answered `Ok`.
+        taken_back_together(&w, &batch, &[30, 31], |c: &Connection| {
+            insert(32)(c)?;
+            insert(30)(c)
+        })
+        .await;
+    }
+
+    /// Calls of `batch` with `items` and a job of `beside` after them, in one
+    /// group that fails: every call and the job are answered with an error,
+    /// and `t` keeps the rows it had.
+    async fn taken_back_together(
+        w: &Arc<Writer>,
+        batch: &Arc<Batch<i64, i64>>,
+        items: &[i64],
+        beside: impl FnOnce(&Connection) -> StoreResult<i64> + Send + 'static,
+    ) {
+        let rows = w.execute(true, |c| Ok(count(c))).await;
+        let release = gate(w).await;
+        let calls = called(w, batch, items.to_vec());
+        queued(batch, items.len()).await;
+        let beside = sent_beside(w, 1, beside).await;
         release.send(()).expect("writer waits at the gate");
         for call in calls {
             assert!(call.await.expect("task").is_err());
         }
         assert!(beside.await.expect("task").is_err());
-        let rows = w.execute(true, |c| Ok(count(c))).await;
-        assert_eq!(rows, Ok(9), "nothing of that group stayed");
-
-        // A batch that succeeded is taken back with its group when a job
-        // after it fails part-way: its calls must not be answered `Ok`.
-        let release = gate(&w).await;
-        let calls = called(&w, &batch, [30, 31]);
-        queued(&batch, 2).await;
-        let partial = sent_beside(&w, 1, |c: &Connection| {
-            insert(32)(c)?;
-            insert(30)(c)
-        })
-        .await;
-        release.send(()).expect("writer waits at the gate");
-        for call in calls {
-            assert!(call.await.expect("task").is_err());
-        }
-        assert!(partial.await.expect("task").is_err());
-        let rows = w.execute(true, |c| Ok(count(c))).await;
-        assert_eq!(rows, Ok(9), "nothing of that group stayed");
+        let after = w.execute(true, |c| Ok(count(c))).await;
+        assert_eq!(after, rows, "nothing of that group stayed");
     }
 
     /// A job of `work` and the receiver of its answer.
