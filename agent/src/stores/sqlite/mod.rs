@@ -18,6 +18,7 @@
 mod dlq;
 mod lease;
 mod outbox;
+mod record_list;
 mod schema;
 mod vacuum;
 mod writer;

@@ -1,64 +1,71 @@
-//! The SQLite outbox: the envelope stored once per message, a narrow row per
-//! binding (`docs/adr/0007-outbox-layout.md`), keyed by one integer.
+//! The SQLite outbox: the envelope stored once per message, a record needing
+//! a row of its own only once something acts on it alone
+//! (`docs/adr/0007-outbox-layout.md`), keyed by one integer.
 //!
 //! # Layout
 //!
 //! - `outbox_partitions`: a row per partition with its fencing `hwm`, the
-//!   `last_seq` assigned, and `pid`, the integer the other tables key on
-//!   instead of the name.
-//! - `outbox_messages`: a row per appended message: the encoded envelope and
-//!   the seqs `first_seq..=last_seq` its records were given.
-//! - `outbox_records`: a row per (message, binding), keyed by `key = pid <<
-//!   40 | seq` (the table's rowid, see [`Keys`]): the record's own fields
-//!   and the state that claims, completions and releases change, but not the
-//!   envelope.
+//!   `last_seq` assigned, `claimed_to` (invariant 6) and `pid`, the integer
+//!   the other tables key on instead of the name.
+//! - `outbox_messages`: a row per appended message, keyed by its first
+//!   record's key: the encoded envelope, the seqs `first_seq..=last_seq` its
+//!   records were given, their times and each one's id, binding and address
+//!   ([`record_list`](super::record_list)).
+//! - `outbox_records`: a row per record that left the fresh state
+//!   (invariant 7), keyed by `key = pid << 40 | seq` (the table's rowid, see
+//!   [`Keys`]): the record's own fields and the state that claims,
+//!   completions and releases change, but not the envelope.
+//! - `outbox_done` (layout 6): the key of each record completed while its
+//!   message still holds others.
 //! - `outbox_claims` (layout 5): a row per run of fresh records one claim
-//!   took: its first and last key, version, owner and time (invariant 7).
+//!   took: its first and last key, version, owner, time and how many fresh
+//!   records it still holds (invariant 7).
 //!
 //! # Invariants
 //!
-//! 1. An append writes its message row and every record of it in one job.
-//!    Its records get consecutive seqs, the message row's
-//!    `first_seq..=last_seq`: the ranges of two messages of one partition
-//!    never overlap, and a record's `msg` is the message whose range holds
-//!    its seq.
-//! 2. The job that deletes the last record of a message's range deletes the
-//!    message row (`complete` is the only deletion): no envelope outlives its
-//!    records, and none is deleted before them.
+//! 1. An append writes its message row, and nothing else, in one job. Its
+//!    records get consecutive seqs, the message row's
+//!    `first_seq..=last_seq`, and the row's key (`msg`) is the first one's:
+//!    the ranges of two messages of one partition never overlap, and a
+//!    record's message is the one whose range holds its key.
+//! 2. A record is stored while its key lies in a message's range and is not
+//!    in `outbox_done`. The job that completes the last stored record of a
+//!    message deletes the message row and its keys in `outbox_done`
+//!    (`complete` is the only deletion): no envelope outlives its records,
+//!    and none is deleted before them. A completed record whose message
+//!    keeps others gets its key in `outbox_done`.
 //! 3. Claims, completions, releases and expiries write `outbox_records`,
-//!    its indexes and `outbox_claims` only, never a page of an envelope; a
-//!    completion also deletes the message rows it emptied.
+//!    its indexes, `outbox_done` and `outbox_claims` only, never a message
+//!    row; a completion also deletes the message rows it emptied.
 //! 4. A call that returns records decodes each message's envelope once and
 //!    gives its records one `Arc` of it.
 //! 5. A record's `key` is `pid << 40 | seq`: a partition's records are the
 //!    key range of its `pid`, in seq order, and a seq never reaches 2^40.
-//! 6. A record's `state` is 0 pending, 1 claimed by `claim`, 2 claimed by
-//!    `expire`, 3 fresh (invariant 7). Pending records are in the index
-//!    `outbox_records_pending` and records in state 2 in
-//!    `outbox_records_expiring`; records in states 1 and 3 are in no state
-//!    index, and records in state 1 have keys at most their partition's
+//! 6. A record row's `state` is 0 pending, 1 claimed by `claim`, 2 claimed
+//!    by `expire`. Pending rows are in the index `outbox_records_pending`
+//!    and rows in state 2 in `outbox_records_expiring`; rows in state 1 are
+//!    in no state index and have keys at most their partition's
 //!    `claimed_to`, the highest key a claim took since the partition's
-//!    fence last rose (a rise voids every claim and sets it back to 0). A
-//!    claim removes a
-//!    record's index entry instead of moving it, a completion touches none,
-//!    and the search for stale claims reads the keys up to `claimed_to` —
-//!    the oldest records, as claims take the oldest pending ones — and the
-//!    few records in state 2 (an expiry may claim records far ahead).
-//! 7. An append writes its records in state 3, *fresh*: in no index, and
-//!    claimed by position. A fresh record above its partition's
-//!    `claimed_to` is pending; one at or below it is claimed by the
-//!    `outbox_claims` row whose run `first_key..=last_key` holds it, and
-//!    every fresh record at or below `claimed_to` lies in exactly one run.
-//!    A claim takes fresh records as a prefix of those above `claimed_to`
-//!    (the oldest pending records are taken first, invariant 6) and writes
-//!    one run row for them, not a row per record — the per-record write
-//!    that cost a fan-out's claim most. Runs never overlap. Whatever acts
-//!    on one record of a run otherwise (a release, a claim taking back a
-//!    stale run) first gives it its own claim in state 1 (*materialize*);
-//!    a completion deletes fresh records by their run's version. A run row
-//!    goes with the last fresh record in it; a newer lease version deletes
-//!    every run of the partition and sets `claimed_to` back to 0, so every
-//!    fresh record is pending again.
+//!    fence last rose (a rise voids every claim and sets it back to 0). The
+//!    search for stale claims reads the keys up to `claimed_to` — the
+//!    oldest records, as claims take the oldest pending ones — and the few
+//!    rows in state 2 (an expiry may claim records far ahead).
+//! 7. A stored record without a row is *fresh*: an append writes no record
+//!    row, and its message row holds what a row would (layout 6). A fresh
+//!    record above its partition's `claimed_to` is pending; one at or below
+//!    it is claimed by the `outbox_claims` row whose run
+//!    `first_key..=last_key` holds it, and every fresh record at or below
+//!    `claimed_to` lies in exactly one run. A claim takes fresh records as a
+//!    prefix of those above `claimed_to` (the oldest pending records are
+//!    taken first, invariant 6) and writes one run row for them. Runs never
+//!    overlap, and a run's `fresh` counts the fresh records it holds.
+//!    Whatever acts on one record of a run otherwise (a release, a claim
+//!    taking back a stale run) or claims a fresh record by expiry first
+//!    gives it a row (*materialize*); a completion of fresh records of a
+//!    run of its version needs no row. A run row goes when its count
+//!    reaches 0; a newer lease version deletes every run of the partition
+//!    and sets `claimed_to` back to 0, so every fresh record is pending
+//!    again.
 //!
 //! Every operation but `stats` is one job of the writer (atomic and, when
 //! answered, committed); `stats` reads on the read connection. Appends made
@@ -74,6 +81,7 @@ use std::time::{Duration, SystemTime};
 
 use rusqlite::{CachedStatement, Connection, OptionalExtension, Row, params};
 
+use super::record_list::{self, Entry};
 use super::{Batch, Db, SqliteOptions, schema, sql_error, to_i64, to_u64};
 use crate::stores::outbox::{Names, RawRecord, into_records, stale, validate_append};
 use crate::stores::{
@@ -90,10 +98,9 @@ const COLUMNS: &str = "key, msg, id, binding, address, created_at_ns, expires_at
 const PENDING: &str = "outbox_records INDEXED BY outbox_records_pending";
 /// The records claimed by `expire` by key (invariant 6).
 const EXPIRING: &str = "outbox_records INDEXED BY outbox_records_expiring";
-/// The states of invariants 6 and 7.
+/// The states of a record row (invariant 6).
 const CLAIMED_BY_CLAIM: i64 = 1;
 const CLAIMED_BY_EXPIRE: i64 = 2;
-const FRESH: i64 = 3;
 
 /// The bits of a record's key that hold its seq; its partition's `pid` is
 /// the bits above (invariant 5). One integer key makes `outbox_records` a
@@ -198,24 +205,39 @@ impl SqliteOutboxStore {
                 let Some(p) = partition_row(conn, &partition)? else {
                     return Ok(Vec::new());
                 };
+                let keys = Keys::of(p.pid)?;
+                let (first, last) = keys.range();
+                let mut rows = selected(
+                    conn,
+                    &format!("SELECT {COLUMNS} FROM outbox_records WHERE key BETWEEN ?1 AND ?2"),
+                    params![first, last],
+                )?;
                 // A fresh record at or below `claimed_to` has the claim of
                 // the run holding it (invariant 7).
-                let sql = "SELECT r.key, r.msg, r.id, r.binding, r.address, r.created_at_ns, \
-                    r.expires_at_ns, COALESCE(r.claim_version, c.version), \
-                    COALESCE(r.claim_owner, c.owner), COALESCE(r.claimed_at_ns, c.claimed_at_ns), \
-                    r.replay_count, r.first_attempt_at_ns, r.last_error \
-                    FROM outbox_records r LEFT JOIN outbox_claims c ON r.state=3 AND r.key<=?3 \
-                    AND r.key BETWEEN c.first_key AND c.last_key \
-                    WHERE r.key BETWEEN ?1 AND ?2 ORDER BY r.key";
-                let mut stmt = conn.prepare(sql).map_err(sql_error)?;
-                let (first, last) = Keys::of(p.pid)?.range();
-                let mut names = Names::default();
-                let rows = stmt
-                    .query_map([first, last, p.claimed_to], |r| raw_record(r, &mut names))
+                let runs: Vec<(i64, i64, i64, String, i64)> = conn
+                    .prepare(
+                        "SELECT first_key, last_key, version, owner, claimed_at_ns \
+                         FROM outbox_claims WHERE first_key BETWEEN ?1 AND ?2",
+                    )
                     .map_err(sql_error)?
-                    .collect::<Result<Vec<_>, _>>()
+                    .query_map([first, last], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                    })
+                    .map_err(sql_error)?
+                    .collect::<Result<_, _>>()
                     .map_err(sql_error)?;
-                with_envelopes(conn, &partition, rows)
+                let mut names = Names::default();
+                each_fresh(conn, keys, (first, last), false, |r| {
+                    let mut raw = r.raw(&mut names);
+                    let run = runs.iter().find(|run| (run.0..=run.1).contains(&r.key));
+                    if let Some((_, _, version, owner, at)) = run.filter(|_| r.key <= p.claimed_to)
+                    {
+                        raw.state_claimed(*version, owner, *at);
+                    }
+                    rows.push(raw);
+                    Ok(true)
+                })?;
+                with_envelopes(conn, &partition, rows, Vec::new())
             })
             .await
     }
@@ -247,6 +269,14 @@ fn text<'r>(r: &'r Row<'_>, i: usize) -> rusqlite::Result<&'r str> {
     })
 }
 
+/// Column `i` of `r` as a blob, borrowed from the row.
+fn blob<'r>(r: &'r Row<'_>, i: usize) -> StoreResult<&'r [u8]> {
+    r.get_ref(i)
+        .map_err(sql_error)?
+        .as_blob()
+        .map_err(|e| StoreError::Corrupt(format!("outbox column {i}: {e}")))
+}
+
 /// A record row, its binding and address shared through `names` with the
 /// rows read before it.
 fn raw_record(r: &Row<'_>, names: &mut Names) -> rusqlite::Result<RawRecord> {
@@ -267,22 +297,205 @@ fn raw_record(r: &Row<'_>, names: &mut Names) -> rusqlite::Result<RawRecord> {
     })
 }
 
-/// Turns rows into records in seq order, each message's envelope read and
-/// decoded once and shared by its records (invariant 4).
+/// Turns rows into records in seq order, each message's envelope read (or
+/// taken from `read`, ascending by key) and decoded once and shared by its
+/// records (invariant 4).
 fn with_envelopes(
     conn: &Connection,
     partition: &str,
     rows: Vec<RawRecord>,
+    mut read: Envelopes,
 ) -> StoreResult<Vec<OutboxRecord>> {
     let mut select = conn
         .prepare_cached("SELECT envelope FROM outbox_messages WHERE msg=?1")
         .map_err(sql_error)?;
     into_records(partition, rows, |msg| {
+        if let Ok(i) = read.binary_search_by_key(&msg, |(m, _)| *m) {
+            return Ok(Some(std::mem::take(&mut read[i].1)));
+        }
         select
             .query_row([msg], |r| r.get(0))
             .optional()
             .map_err(sql_error)
     })
+}
+
+/// A fresh record (invariant 7) as its message row holds it.
+struct Fresh<'a> {
+    key: i64,
+    /// Its message's key.
+    msg: i64,
+    created_at: i64,
+    expires_at: Option<i64>,
+    entry: &'a Entry<'a>,
+    /// The encoded envelope, when asked for.
+    envelope: Option<&'a [u8]>,
+}
+
+impl Fresh<'_> {
+    /// The record as a row would hold it, unclaimed.
+    fn raw(&self, names: &mut Names) -> RawRecord {
+        RawRecord {
+            seq: seq_of(self.key),
+            msg: self.msg,
+            id: self.entry.id.to_owned(),
+            binding: names.get(self.entry.binding),
+            address: names.get(self.entry.address),
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            claim_version: None,
+            claim_owner: None,
+            claimed_at: None,
+            replay_count: 0,
+            first_attempt_at: None,
+            last_error: None,
+        }
+    }
+}
+
+/// Selects `$columns` of the messages whose ranges meet the keys
+/// `?1..=?2` of the partition whose first key is `?3`, in key order: the one
+/// holding `?1` (keyed at or below it) and those keyed up to `?2`.
+macro_rules! messages_over {
+    ($columns:literal) => {
+        concat!(
+            "SELECT ",
+            $columns,
+            " FROM outbox_messages WHERE msg BETWEEN IFNULL((SELECT msg FROM outbox_messages \
+             WHERE msg BETWEEN ?3 AND ?1 ORDER BY msg DESC LIMIT 1), ?1) AND ?2 ORDER BY msg"
+        )
+    };
+}
+
+/// The keys of `from..=to` that are not fresh though in a message's range:
+/// those with a row and those completed (invariants 2 and 7), ascending.
+fn not_fresh(conn: &Connection, from: i64, to: i64) -> StoreResult<Vec<i64>> {
+    let mut keys = Vec::new();
+    for table in [
+        "SELECT key FROM outbox_records WHERE key BETWEEN ?1 AND ?2",
+        "SELECT key FROM outbox_done WHERE key BETWEEN ?1 AND ?2",
+    ] {
+        let mut stmt = conn.prepare_cached(table).map_err(sql_error)?;
+        let mut rows = stmt.query([from, to]).map_err(sql_error)?;
+        while let Some(row) = rows.next().map_err(sql_error)? {
+            keys.push(row.get::<_, i64>(0).map_err(sql_error)?);
+        }
+    }
+    keys.sort_unstable();
+    Ok(keys)
+}
+
+/// Calls `each` with the fresh records of the keys `from..=to` in key
+/// order, until it returns `false` (invariant 7); with their envelopes when
+/// `envelopes` (read only then: a large one spills into overflow pages).
+fn each_fresh(
+    conn: &Connection,
+    keys: Keys,
+    (from, to): (i64, i64),
+    envelopes: bool,
+    mut each: impl FnMut(Fresh<'_>) -> StoreResult<bool>,
+) -> StoreResult<()> {
+    if from > to {
+        return Ok(());
+    }
+    let taken = not_fresh(conn, from, to)?;
+    let mut taken = taken.iter().copied().peekable();
+    let sql = if envelopes {
+        messages_over!("msg, last_seq, created_at_ns, expires_at_ns, records, envelope")
+    } else {
+        messages_over!("msg, last_seq, created_at_ns, expires_at_ns, records")
+    };
+    let mut stmt = conn.prepare_cached(sql).map_err(sql_error)?;
+    let mut rows = stmt.query([from, to, keys.range().0]).map_err(sql_error)?;
+    while let Some(row) = rows.next().map_err(sql_error)? {
+        let msg: i64 = row.get(0).map_err(sql_error)?;
+        let last = keys.of_row(row.get(1).map_err(sql_error)?);
+        if last < from {
+            continue;
+        }
+        let (created_at, expires_at) = (
+            row.get(2).map_err(sql_error)?,
+            row.get(3).map_err(sql_error)?,
+        );
+        let entries = record_list::decode(blob(row, 4)?, message_len(msg, last)?, msg)?;
+        let envelope = envelopes.then(|| blob(row, 5)).transpose()?;
+        for (key, entry) in (msg..).zip(&entries) {
+            if key < from {
+                continue;
+            }
+            if key > to {
+                return Ok(());
+            }
+            while taken.next_if(|t| *t < key).is_some() {}
+            if taken.next_if_eq(&key).is_some() {
+                continue;
+            }
+            let fresh = Fresh {
+                key,
+                msg,
+                created_at,
+                expires_at,
+                entry,
+                envelope,
+            };
+            if !each(fresh)? {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The number of records of the message keyed `msg` whose last is `last`.
+fn message_len(msg: i64, last: i64) -> StoreResult<usize> {
+    usize::try_from(last - msg + 1)
+        .map_err(|_| StoreError::Corrupt(format!("outbox message {msg} ends at key {last}")))
+}
+
+/// The fresh records of the keys `range`, at most `limit`, unclaimed.
+fn fresh_in(
+    conn: &Connection,
+    keys: Keys,
+    range: (i64, i64),
+    limit: usize,
+) -> StoreResult<Vec<RawRecord>> {
+    let mut names = Names::default();
+    let mut found = Vec::new();
+    each_fresh(conn, keys, range, false, |r| {
+        if found.len() >= limit {
+            return Ok(false);
+        }
+        found.push(r.raw(&mut names));
+        Ok(true)
+    })?;
+    Ok(found)
+}
+
+/// The encoded envelopes of the messages a call read already, by key, so
+/// that [`with_envelopes`] need not read them again.
+type Envelopes = Vec<(i64, Vec<u8>)>;
+
+/// As [`fresh_in`], keeping the envelope of each message found.
+fn fresh_with_envelopes(
+    conn: &Connection,
+    keys: Keys,
+    range: (i64, i64),
+    limit: usize,
+) -> StoreResult<(Vec<RawRecord>, Envelopes)> {
+    let mut names = Names::default();
+    let mut found = Vec::new();
+    let mut envelopes: Envelopes = Vec::new();
+    each_fresh(conn, keys, range, true, |r| {
+        if found.len() >= limit {
+            return Ok(false);
+        }
+        if envelopes.last().is_none_or(|(msg, _)| *msg != r.msg) {
+            envelopes.push((r.msg, r.envelope.unwrap_or_default().to_vec()));
+        }
+        found.push(r.raw(&mut names));
+        Ok(true)
+    })?;
+    Ok((found, envelopes))
 }
 
 /// A partition's row.
@@ -360,12 +573,6 @@ fn sql_limit(limit: usize) -> i64 {
 /// by [`validate_append`] and with at least one record.
 type Append = (String, NewMessage);
 
-/// The statements an append runs, prepared once per batch.
-struct Inserts<'c> {
-    message: CachedStatement<'c>,
-    record: CachedStatement<'c>,
-}
-
 /// A partition as a batch of appends found it, and the seqs it assigned.
 struct Appending {
     partition: String,
@@ -384,26 +591,15 @@ struct Appending {
 fn append_all(conn: &Connection, appends: Vec<Append>) -> StoreResult<Vec<StoreResult<Vec<u64>>>> {
     let mut partitions: Vec<Appending> = Vec::new();
     let mut results = Vec::with_capacity(appends.len());
-    // `last_insert_rowid` rather than `RETURNING`, which costs SQLite an
-    // ephemeral table per statement.
-    let mut inserts = Inserts {
-        message: conn
-            .prepare_cached(
-                "INSERT INTO outbox_messages (pid, first_seq, last_seq, envelope) \
-                 VALUES (?1, ?2, ?3, ?4)",
-            )
-            .map_err(sql_error)?,
-        // State 3: fresh (invariant 7).
-        record: conn
-            .prepare_cached(
-                "INSERT INTO outbox_records (key, msg, id, binding, address, created_at_ns, \
-                 expires_at_ns, state, replay_count) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 3, 0)",
-            )
-            .map_err(sql_error)?,
-    };
+    let mut insert = conn
+        .prepare_cached(
+            "INSERT INTO outbox_messages (msg, pid, first_seq, last_seq, created_at_ns, \
+             expires_at_ns, records, envelope) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )
+        .map_err(sql_error)?;
     for (partition, message) in appends {
         let before = conn.total_changes();
-        match append_one(conn, &mut inserts, &mut partitions, partition, message) {
+        match append_one(conn, &mut insert, &mut partitions, partition, message) {
             // Part of it written, or the transaction rolled back (see the
             // writer's notes): nothing of the batch may stay.
             Err(e) if conn.total_changes() != before || conn.is_autocommit() => return Err(e),
@@ -421,11 +617,11 @@ fn append_all(conn: &Connection, appends: Vec<Append>) -> StoreResult<Vec<StoreR
     Ok(results)
 }
 
-/// Writes one message of a batch: its message row and a fresh record per
-/// binding (invariant 7), at the seqs after the last its partition assigned.
+/// Writes one message of a batch: its message row, which holds its records
+/// (invariant 7), at the seqs after the last its partition assigned.
 fn append_one(
     conn: &Connection,
-    inserts: &mut Inserts<'_>,
+    insert: &mut CachedStatement<'_>,
     partitions: &mut Vec<Appending>,
     partition: String,
     message: NewMessage,
@@ -456,33 +652,21 @@ fn append_one(
     let last = p.last + message.records.len() as u64;
     let keys = Keys::of(p.pid)?;
     keys.key(last).ok_or_else(|| seqs_used_up(&p.partition))?;
-    inserts
-        .message
+    let msg = keys.key(first).ok_or_else(|| seqs_used_up(&p.partition))?;
+    insert
         .execute(params![
+            msg,
             p.pid,
             to_i64(first)?,
             to_i64(last)?,
+            created_at,
+            expires_at,
+            record_list::encode(&message.records),
             message.envelope.into_encoded()
         ])
         .map_err(sql_error)?;
-    let msg = conn.last_insert_rowid();
-    let seqs: Vec<u64> = (first..=last).collect();
-    for (seq, r) in seqs.iter().zip(message.records) {
-        inserts
-            .record
-            .execute(params![
-                keys.key(*seq).ok_or_else(|| seqs_used_up(&p.partition))?,
-                msg,
-                r.id,
-                r.binding,
-                r.address,
-                created_at,
-                expires_at,
-            ])
-            .map_err(sql_error)?;
-    }
     p.last = last;
-    Ok(seqs)
+    Ok((first..=last).collect())
 }
 
 fn seqs_used_up(partition: &str) -> StoreError {
@@ -510,9 +694,8 @@ struct Fenced {
 
 /// Applies `version` to the partition's fence: `Stale` below the mark; above
 /// it the mark rises and every older claim is pending again (invariant 3 of
-/// the stores): records claimed one by one go back to state 0, and the runs
-/// of fresh records are deleted with `claimed_to` set back to 0 (invariant
-/// 7 here).
+/// the stores): rows claimed go back to state 0, and the runs of fresh
+/// records are deleted with `claimed_to` set back to 0 (invariant 7 here).
 fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResult<Fenced> {
     let Some(p) = fence(conn, partition, version)? else {
         return Ok(Fenced {
@@ -523,8 +706,8 @@ fn advance_fence(conn: &Connection, partition: &str, version: u64) -> StoreResul
     let keys = Keys::of(p.pid)?;
     if version > p.hwm {
         // A newer lease: every claim of an older one is void at once. The
-        // claimed records are the keys up to `claimed_to` in states 1 and 3
-        // and the indexed ones in state 2 (invariants 6 and 7).
+        // claimed records are the runs and the rows in state 1 up to
+        // `claimed_to`, and the indexed rows in state 2 (invariants 6, 7).
         let v = to_i64(version)?;
         let (first, last) = keys.range();
         conn.prepare_cached("UPDATE outbox_partitions SET hwm=?2, claimed_to=0 WHERE pid=?1")
@@ -575,12 +758,12 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     // RETURNING`, which builds two ephemeral tables per call.
     //
     // Pending and fresh (invariant 7): the oldest above `claimed_to`, read
-    // by key. They are taken as a prefix, so the run written below holds
-    // every fresh record up to the new `claimed_to`.
+    // from their messages. They are taken as a prefix, so the run written
+    // below holds every fresh record up to the new `claimed_to`.
     // None when `claimed_to` is the last key there can be (`i64::MAX`).
-    let fresh = match fenced.claimed_to.max(first).checked_add(1) {
-        Some(from) => selected(conn, &fresh_in(), params![from, last, limit])?,
-        None => Vec::new(),
+    let (fresh, envelopes) = match fenced.claimed_to.max(first).checked_add(1) {
+        Some(from) => fresh_with_envelopes(conn, keys, (from, last), a.limit)?,
+        None => (Vec::new(), Vec::new()),
     };
     let fresh_seqs: Vec<i64> = fresh.iter().map(|r| r.seq).collect();
     let mut rows = fresh;
@@ -620,12 +803,11 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
         .map_err(sql_error)?
         .collect::<Result<Vec<_>, _>>()
         .map_err(sql_error)?;
+    let mut from_stale_runs = Vec::new();
     for (run_first, run_last) in &stale_runs {
-        rows.extend(selected(
-            conn,
-            &fresh_in(),
-            params![run_first, run_last, limit],
-        )?);
+        let taken_back = fresh_in(conn, keys, (*run_first, *run_last), a.limit)?;
+        from_stale_runs.extend(taken_back.iter().map(|r| r.seq));
+        rows.extend(taken_back);
     }
     // Claimed by an expiry and stale: few, and indexed. They stay in state 2
     // (see `mark`), so they never raise `claimed_to`.
@@ -641,14 +823,24 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     rows.extend(expiring);
     rows.sort_unstable_by_key(|r| r.seq);
     rows.truncate(a.limit);
+    stamp(&mut rows, &a, now)?;
     // `fresh_seqs` is ascending, and the fresh records taken are a prefix of
     // it: every candidate was merged in key order before the cut to
     // `limit`, so a fresh record is cut only with every higher one. They
-    // get one run; every other record its own claim.
-    let (taken_fresh, one_by_one): (Vec<i64>, Vec<i64>) = rows
-        .iter()
-        .map(|r| r.seq)
-        .partition(|seq| fresh_seqs.binary_search(seq).is_ok());
+    // get one run; those of stale runs a row each, and every other record
+    // its own claim in its row.
+    from_stale_runs.sort_unstable();
+    let mut taken_fresh: Vec<i64> = Vec::new();
+    let mut one_by_one: Vec<i64> = Vec::new();
+    for row in &rows {
+        if fresh_seqs.binary_search(&row.seq).is_ok() {
+            taken_fresh.push(row.seq);
+        } else if from_stale_runs.binary_search(&row.seq).is_ok() {
+            insert_row(conn, keys, row, CLAIMED_BY_CLAIM)?;
+        } else {
+            one_by_one.push(row.seq);
+        }
+    }
     mark(
         conn,
         &a,
@@ -658,8 +850,8 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     )?;
     if let (Some(run_first), Some(run_last)) = (taken_fresh.first(), taken_fresh.last()) {
         conn.prepare_cached(
-            "INSERT INTO outbox_claims (first_key, last_key, version, owner, claimed_at_ns) \
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO outbox_claims (first_key, last_key, version, owner, claimed_at_ns, \
+             fresh) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )
         .map_err(sql_error)?
         .execute(params![
@@ -667,15 +859,19 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
             keys.of_row(*run_last),
             to_i64(a.version)?,
             a.owner,
-            now
+            now,
+            sql_limit(taken_fresh.len())
         ])
         .map_err(sql_error)?;
     }
-    if !stale_runs.is_empty() {
-        // Their records taken back now have claims of their own.
-        drop_spent_runs(conn, keys, first, fenced.claimed_to)?;
+    for (run_first, run_last) in &stale_runs {
+        // Their records taken back now have rows of their own.
+        let left = from_stale_runs.iter().filter(|seq| {
+            (*run_first..=*run_last).contains(&keys.of_row(**seq))
+                && rows.binary_search_by_key(*seq, |r| r.seq).is_ok()
+        });
+        spend(conn, *run_first, sql_limit(left.count()))?;
     }
-    stamp(&mut rows, &a, now)?;
     let top = rows
         .iter()
         .map(|r| r.seq)
@@ -688,16 +884,7 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
             .execute(params![keys.pid(), top])
             .map_err(sql_error)?;
     }
-    with_envelopes(conn, a.partition, rows)
-}
-
-/// Selects the fresh records of the key range `?1..=?2`, at most `?3`, by
-/// key (invariant 7).
-fn fresh_in() -> String {
-    format!(
-        "SELECT {COLUMNS} FROM outbox_records WHERE key BETWEEN ?1 AND ?2 AND state=3 \
-         ORDER BY key LIMIT ?3"
-    )
+    with_envelopes(conn, a.partition, rows, envelopes)
 }
 
 /// The rows a `SELECT {COLUMNS}` returns.
@@ -715,10 +902,35 @@ fn selected(
         .map_err(sql_error)
 }
 
-/// Claims the records of `keys` (ascending) for `a.owner` under
-/// `a.version` at `now`, one by one: one `UPDATE` per run of consecutive
-/// keys (the records released, stale or taken by an expiry: fresh ones
-/// share a run row instead, invariant 7). Each record goes to `state`, but one in
+/// Gives a fresh record its row, in `state` with the claim `row` carries
+/// (invariant 7: *materialize*).
+fn insert_row(conn: &Connection, keys: Keys, row: &RawRecord, state: i64) -> StoreResult<()> {
+    conn.prepare_cached(
+        "INSERT INTO outbox_records (key, msg, id, binding, address, created_at_ns, \
+         expires_at_ns, state, claim_version, claim_owner, claimed_at_ns, replay_count) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 0)",
+    )
+    .map_err(sql_error)?
+    .execute(params![
+        keys.of_row(row.seq),
+        row.msg,
+        row.id,
+        &*row.binding,
+        &*row.address,
+        row.created_at,
+        row.expires_at,
+        state,
+        row.claim_version,
+        row.claim_owner,
+        row.claimed_at,
+    ])
+    .map_err(sql_error)?;
+    Ok(())
+}
+
+/// Claims the rows of `keys` (ascending) for `a.owner` under `a.version` at
+/// `now`: one `UPDATE` per run of consecutive keys (the records released,
+/// stale or taken by an expiry). Each record goes to `state`, but one in
 /// state 2 stays there: a stale expiry taken back by a claim stays where
 /// invariant 6 finds it.
 fn mark(
@@ -752,12 +964,37 @@ fn stamp(rows: &mut [RawRecord], a: &ClaimArgs<'_>, now: i64) -> StoreResult<()>
     Ok(())
 }
 
+/// Takes `n` fresh records off the count of the run starting at `run`, and
+/// deletes the run when it holds none (invariant 7).
+fn spend(conn: &Connection, run: i64, n: i64) -> StoreResult<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    conn.prepare_cached("UPDATE outbox_claims SET fresh=fresh-?2 WHERE first_key=?1")
+        .map_err(sql_error)?
+        .execute(params![run, n])
+        .map_err(sql_error)?;
+    conn.prepare_cached("DELETE FROM outbox_claims WHERE first_key=?1 AND fresh<=0")
+        .map_err(sql_error)?
+        .execute([run])
+        .map_err(sql_error)?;
+    Ok(())
+}
+
 /// A run of fresh records claimed under one version, cut to a key range.
 struct Span {
+    /// The run's first key, which keys its row.
+    run: i64,
     first: i64,
     last: i64,
     owner: String,
     claimed_at: i64,
+}
+
+impl Span {
+    fn holds(&self, key: i64) -> bool {
+        (self.first..=self.last).contains(&key)
+    }
 }
 
 /// The parts of `first..=last` that runs of `version` hold (invariant 7).
@@ -774,8 +1011,10 @@ fn spans(
     )
     .map_err(sql_error)?
     .query_map(params![keys.range().0, first, last, version], |r| {
+        let run: i64 = r.get(0)?;
         Ok(Span {
-            first: r.get::<_, i64>(0)?.max(first),
+            run,
+            first: run.max(first),
             last: r.get::<_, i64>(1)?.min(last),
             owner: r.get(2)?,
             claimed_at: r.get(3)?,
@@ -786,22 +1025,8 @@ fn spans(
     .map_err(sql_error)
 }
 
-/// Deletes the runs meeting `first..=last` that hold no fresh record any
-/// more (invariant 7: a run row goes with its last fresh record).
-fn drop_spent_runs(conn: &Connection, keys: Keys, first: i64, last: i64) -> StoreResult<()> {
-    conn.prepare_cached(
-        "DELETE FROM outbox_claims WHERE first_key BETWEEN ?1 AND ?3 AND last_key>=?2 \
-         AND NOT EXISTS (SELECT 1 FROM outbox_records WHERE key BETWEEN \
-           outbox_claims.first_key AND outbox_claims.last_key AND state=3)",
-    )
-    .map_err(sql_error)?
-    .execute(params![keys.range().0, first, last])
-    .map_err(sql_error)?;
-    Ok(())
-}
-
 /// Gives the fresh records of the keys `runs` that runs of `version` claim
-/// a claim of their own (state 1, invariant 7), so that what acts on
+/// a row with that claim (state 1, invariant 7), so that what acts on
 /// claimed records one by one finds them.
 fn materialize(
     conn: &Connection,
@@ -809,29 +1034,15 @@ fn materialize(
     runs: &[(i64, i64)],
     version: i64,
 ) -> StoreResult<()> {
-    let mut update = conn
-        .prepare_cached(
-            "UPDATE outbox_records SET state=1, claim_version=?3, claim_owner=?4, \
-             claimed_at_ns=?5 WHERE key BETWEEN ?1 AND ?2 AND state=3",
-        )
-        .map_err(sql_error)?;
-    let mut touched = false;
     for (first, last) in runs {
         for span in spans(conn, keys, *first, *last, version)? {
-            update
-                .execute(params![
-                    span.first,
-                    span.last,
-                    version,
-                    span.owner,
-                    span.claimed_at
-                ])
-                .map_err(sql_error)?;
-            touched = true;
+            let mut rows = fresh_in(conn, keys, (span.first, span.last), usize::MAX)?;
+            for row in &mut rows {
+                row.state_claimed(version, &span.owner, span.claimed_at);
+                insert_row(conn, keys, row, CLAIMED_BY_CLAIM)?;
+            }
+            spend(conn, span.run, sql_limit(rows.len()))?;
         }
-    }
-    if let (true, Some((first, _)), Some((_, last))) = (touched, runs.first(), runs.last()) {
-        drop_spent_runs(conn, keys, *first, *last)?;
     }
     Ok(())
 }
@@ -861,7 +1072,7 @@ fn distinct(seqs: &[u64]) -> Vec<u64> {
 }
 
 /// Runs `stmt` (parameters: key, version, then `extra`) for each distinct
-/// seq, once the fresh ones among them have claims of their own
+/// seq, once the fresh ones among them have rows of their own
 /// ([`materialize`]), and returns those it changed, ascending.
 fn per_claimed(
     conn: &Connection,
@@ -898,14 +1109,6 @@ fn per_claimed(
 /// expiry) with exactly its version.
 const CLAIMED: &str = "WHERE key=?1 AND state IN (1, 2) AND claim_version=?2";
 
-/// Which records of the key run `?1..=?2` `complete` acts on one by one:
-/// claimed with exactly its version (`?3`).
-const CLAIMED_IN_RUN: &str = "WHERE key BETWEEN ?1 AND ?2 AND state IN (1, 2) AND claim_version=?3";
-
-/// Which fresh records of the key range `?1..=?2` `complete` acts on: those
-/// of a run of its version, the range being cut to one (invariant 7).
-const FRESH_RANGE: &str = "WHERE key BETWEEN ?1 AND ?2 AND state=3";
-
 fn complete(
     conn: &Connection,
     partition: &str,
@@ -917,95 +1120,133 @@ fn complete(
     };
     let keys = Keys::of(p.pid)?;
     let version = to_i64(version)?;
-    // A statement of each kind per run of consecutive seqs (a batch is
-    // mostly one run), not per seq. The run's rows are read once, before
-    // they are deleted (a `DELETE … RETURNING` costs SQLite an ephemeral
-    // table per statement), and sorted here into those claimed one by one
-    // and the fresh ones of runs of `version`; each delete then matches
-    // exactly the rows found for it.
-    let mut find = conn
-        .prepare_cached(
-            "SELECT key, msg, state, claim_version FROM outbox_records WHERE key BETWEEN ?1 AND ?2",
-        )
-        .map_err(sql_error)?;
-    let mut delete = conn
-        .prepare_cached(&format!("DELETE FROM outbox_records {CLAIMED_IN_RUN}"))
-        .map_err(sql_error)?;
-    let mut delete_fresh = conn
-        .prepare_cached(&format!("DELETE FROM outbox_records {FRESH_RANGE}"))
-        .map_err(sql_error)?;
-    // Invariant 2: a message goes with the last record of its range. The
-    // messages of a run's records lie between the lowest and the highest of
-    // their `msg`s, and few others do: a partition's messages have ascending
-    // `msg` in append order (a rowid above every live one), and a run's
-    // records were appended one after another.
-    let mut emptied = conn
-        .prepare_cached(
-            "DELETE FROM outbox_messages WHERE msg BETWEEN ?2 AND ?3 AND pid=?1 AND NOT EXISTS ( \
-               SELECT 1 FROM outbox_records WHERE key BETWEEN \
-               ?4 + outbox_messages.first_seq AND ?4 + outbox_messages.last_seq)",
-        )
-        .map_err(sql_error)?;
     let mut done = Vec::new();
-    // No record has a seq without a key.
+    // No record has a seq without a key. A batch is mostly one run of
+    // consecutive seqs, and its statements go per run, not per seq.
     let stored = distinct(seqs).into_iter().filter_map(|seq| keys.key(seq));
     for (first, last) in runs(stored) {
-        let rows = find
-            .query_map([first, last], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, i64>(2)?,
-                    r.get::<_, Option<i64>>(3)?,
-                ))
-            })
-            .map_err(sql_error)?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(sql_error)?;
-        let spans = if rows.iter().any(|r| r.2 == FRESH) {
-            spans(conn, keys, first, last, version)?
-        } else {
-            Vec::new()
-        };
-        let mut found = Vec::with_capacity(rows.len());
-        let mut one_by_one = false;
-        for (key, msg, state, claim_version) in rows {
-            let done = match state {
-                CLAIMED_BY_CLAIM | CLAIMED_BY_EXPIRE => claim_version == Some(version),
-                FRESH => spans.iter().any(|s| (s.first..=s.last).contains(&key)),
-                _ => false,
-            };
-            if done {
-                one_by_one |= state != FRESH;
-                found.push((key, msg));
-            }
-        }
-        if one_by_one {
-            delete
-                .execute(params![first, last, version])
-                .map_err(sql_error)?;
-        }
-        for span in &spans {
-            delete_fresh
-                .execute(params![span.first, span.last])
-                .map_err(sql_error)?;
-        }
-        if !spans.is_empty() {
-            drop_spent_runs(conn, keys, first, last)?;
-        }
-        let msgs = found.iter().map(|(_, msg)| *msg);
-        let (Some(low), Some(high)) = (msgs.clone().min(), msgs.max()) else {
-            continue;
-        };
-        emptied
-            .execute(params![p.pid, low, high, keys.range().0])
-            .map_err(sql_error)?;
-        for (key, _) in found {
-            done.push(to_u64(seq_of(key))?);
-        }
+        complete_run(conn, keys, version, (first, last), p.claimed_to, &mut done)?;
     }
     done.sort_unstable();
     Ok(done)
+}
+
+/// Completes the records of the keys `first..=last` claimed under
+/// `version`, pushing their seqs to `done`: deletes their rows, counts the
+/// fresh ones off their runs, and deletes each message left without a
+/// record or marks them completed in `outbox_done` (invariant 2).
+fn complete_run(
+    conn: &Connection,
+    keys: Keys,
+    version: i64,
+    (first, last): (i64, i64),
+    claimed_to: i64,
+    done: &mut Vec<u64>,
+) -> StoreResult<()> {
+    // The messages of the run, and what their whole ranges hold: rows,
+    // completed keys, and fresh records (the rest).
+    let mut messages: Vec<(i64, i64)> = Vec::new();
+    {
+        let mut stmt = conn
+            .prepare_cached(messages_over!("msg, last_seq"))
+            .map_err(sql_error)?;
+        let mut rows = stmt
+            .query([first, last, keys.range().0])
+            .map_err(sql_error)?;
+        while let Some(row) = rows.next().map_err(sql_error)? {
+            let msg: i64 = row.get(0).map_err(sql_error)?;
+            let end = keys.of_row(row.get(1).map_err(sql_error)?);
+            if end >= first {
+                messages.push((msg, end));
+            }
+        }
+    }
+    let (Some(&(low, _)), Some(&(_, high))) = (messages.first(), messages.last()) else {
+        return Ok(());
+    };
+    let rows: Vec<(i64, i64, Option<i64>)> = conn
+        .prepare_cached(
+            "SELECT key, state, claim_version FROM outbox_records WHERE key BETWEEN ?1 AND ?2",
+        )
+        .map_err(sql_error)?
+        .query_map([low, high], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .map_err(sql_error)?
+        .collect::<Result<_, _>>()
+        .map_err(sql_error)?;
+    let completed: Vec<i64> = conn
+        .prepare_cached("SELECT key FROM outbox_done WHERE key BETWEEN ?1 AND ?2")
+        .map_err(sql_error)?
+        .query_map([low, high], |r| r.get(0))
+        .map_err(sql_error)?
+        .collect::<Result<_, _>>()
+        .map_err(sql_error)?;
+    let spans = if first <= claimed_to {
+        spans(conn, keys, first, last.min(claimed_to), version)?
+    } else {
+        Vec::new()
+    };
+    let mut spent = vec![0i64; spans.len()];
+    let mut any_row = false;
+    let mut mark_done = conn
+        .prepare_cached("INSERT INTO outbox_done (key) VALUES (?1)")
+        .map_err(sql_error)?;
+    for (msg, end) in messages {
+        let mut now_done = Vec::new();
+        let mut left = false;
+        for key in msg..=end {
+            let asked = (first..=last).contains(&key);
+            if let Ok(i) = rows.binary_search_by_key(&key, |r| r.0) {
+                let (_, state, claim_version) = rows[i];
+                let claimed = matches!(state, CLAIMED_BY_CLAIM | CLAIMED_BY_EXPIRE)
+                    && claim_version == Some(version);
+                if asked && claimed {
+                    any_row = true;
+                    now_done.push(key);
+                } else {
+                    left = true;
+                }
+            } else if completed.binary_search(&key).is_ok() {
+                // Completed before.
+            } else if let Some(s) = spans.iter().position(|s| asked && s.holds(key)) {
+                spent[s] += 1;
+                now_done.push(key);
+            } else {
+                left = true;
+            }
+        }
+        if left {
+            for key in &now_done {
+                mark_done.execute([key]).map_err(sql_error)?;
+            }
+        } else {
+            conn.prepare_cached("DELETE FROM outbox_messages WHERE msg=?1")
+                .map_err(sql_error)?
+                .execute([msg])
+                .map_err(sql_error)?;
+            if completed.iter().any(|k| (msg..=end).contains(k)) {
+                conn.prepare_cached("DELETE FROM outbox_done WHERE key BETWEEN ?1 AND ?2")
+                    .map_err(sql_error)?
+                    .execute([msg, end])
+                    .map_err(sql_error)?;
+            }
+        }
+        for key in now_done {
+            done.push(to_u64(seq_of(key))?);
+        }
+    }
+    if any_row {
+        conn.prepare_cached(
+            "DELETE FROM outbox_records WHERE key BETWEEN ?1 AND ?2 AND state IN (1, 2) \
+             AND claim_version=?3",
+        )
+        .map_err(sql_error)?
+        .execute(params![first, last, version])
+        .map_err(sql_error)?;
+    }
+    for (span, n) in spans.iter().zip(spent) {
+        spend(conn, span.run, n)?;
+    }
+    Ok(())
 }
 
 fn release(
@@ -1048,34 +1289,57 @@ fn release(
 
 fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> {
     let fenced = advance_fence(conn, a.partition, a.version)?;
+    let keys = fenced.keys;
     let now = unix_nanos(a.now)?;
-    // The index is on the expression `key >> 40` (the partition's `pid`),
-    // which the query must spell the same way.
-    // Pending: in state 0, or fresh above `claimed_to` (invariant 7).
+    // Pending rows past their expiry. The index is on the expression `key
+    // >> 40` (the partition's `pid`), which the query must spell the same
+    // way.
     let mut rows = selected(
         conn,
         &format!(
             "SELECT {COLUMNS} FROM outbox_records INDEXED BY outbox_records_expiry \
-             WHERE key >> {SEQ_BITS} = ?1 AND (state=0 OR state=3 AND key>?4) \
+             WHERE key >> {SEQ_BITS} = ?1 AND state=0 \
              AND expires_at_ns IS NOT NULL AND expires_at_ns<=?3 ORDER BY key LIMIT ?2"
         ),
-        params![
-            fenced.keys.pid(),
-            sql_limit(a.limit),
-            now,
-            fenced.claimed_to
-        ],
+        params![keys.pid(), sql_limit(a.limit), now],
     )?;
-    let keys = fenced.keys;
-    mark(
-        conn,
-        &a,
-        now,
-        CLAIMED_BY_EXPIRE,
-        rows.iter().map(|r| keys.of_row(r.seq)),
-    )?;
+    // Fresh and pending (above `claimed_to`, invariant 7) in messages past
+    // their expiry, the oldest `limit`.
+    let expired: Vec<(i64, i64)> = conn
+        .prepare_cached(
+            "SELECT msg, last_seq FROM outbox_messages INDEXED BY outbox_messages_expiry \
+             WHERE pid=?1 AND expires_at_ns IS NOT NULL AND expires_at_ns<=?2 ORDER BY msg",
+        )
+        .map_err(sql_error)?
+        .query_map(params![keys.pid(), now], |r| Ok((r.get(0)?, r.get(1)?)))
+        .map_err(sql_error)?
+        .collect::<Result<_, _>>()
+        .map_err(sql_error)?;
+    let mut fresh: Vec<RawRecord> = Vec::new();
+    for (msg, last_seq) in expired {
+        let end = keys.of_row(last_seq);
+        if end > fenced.claimed_to && fresh.len() < a.limit {
+            let from = msg.max(fenced.claimed_to + 1);
+            fresh.extend(fresh_in(conn, keys, (from, end), a.limit - fresh.len())?);
+        }
+    }
+    let fresh_seqs: Vec<i64> = fresh.iter().map(|r| r.seq).collect();
+    rows.extend(fresh);
+    rows.sort_unstable_by_key(|r| r.seq);
+    rows.truncate(a.limit);
     stamp(&mut rows, &a, now)?;
-    with_envelopes(conn, a.partition, rows)
+    // A fresh record gets a row, in state 2 (invariant 7); a pending row
+    // moves there.
+    let mut in_rows = Vec::new();
+    for row in &rows {
+        if fresh_seqs.contains(&row.seq) {
+            insert_row(conn, keys, row, CLAIMED_BY_EXPIRE)?;
+        } else {
+            in_rows.push(keys.of_row(row.seq));
+        }
+    }
+    mark(conn, &a, now, CLAIMED_BY_EXPIRE, in_rows)?;
+    with_envelopes(conn, a.partition, rows, Vec::new())
 }
 
 fn stats(conn: &Connection, partition: &str) -> StoreResult<OutboxStats> {
@@ -1089,43 +1353,43 @@ fn stats(conn: &Connection, partition: &str) -> StoreResult<OutboxStats> {
     // Counted here rather than by `GROUP BY`, which sorts every record of
     // the partition first: a partition has a few bindings, so a short list
     // searched by name groups them without a sort or an allocation per row.
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT binding, state, created_at_ns, key FROM outbox_records \
-             WHERE key BETWEEN ?1 AND ?2",
-        )
-        .map_err(sql_error)?;
-    let (first, last) = Keys::of(p.pid)?.range();
-    let mut rows = stmt.query([first, last]).map_err(sql_error)?;
     let mut groups: Vec<Group> = Vec::new();
-    while let Some(row) = rows.next().map_err(sql_error)? {
-        let binding = row
-            .get_ref(0)
-            .and_then(|v| Ok(v.as_str()?))
+    let mut count = |binding: &str, claimed: bool, created_at: i64| match groups
+        .iter_mut()
+        .find(|g| g.claimed == claimed && g.binding == binding)
+    {
+        Some(g) => {
+            g.count += 1;
+            g.oldest = g.oldest.min(created_at);
+        }
+        None => groups.push(Group {
+            binding: binding.to_owned(),
+            claimed,
+            count: 1,
+            oldest: created_at,
+        }),
+    };
+    let keys = Keys::of(p.pid)?;
+    let (first, last) = keys.range();
+    {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT binding, state, created_at_ns FROM outbox_records \
+                 WHERE key BETWEEN ?1 AND ?2",
+            )
             .map_err(sql_error)?;
-        // Invariant 7: a fresh record is claimed at or below `claimed_to`.
-        let claimed = match row.get::<_, i64>(1).map_err(sql_error)? {
-            0 => false,
-            FRESH => row.get::<_, i64>(3).map_err(sql_error)? <= p.claimed_to,
-            _ => true,
-        };
-        let created_at = row.get::<_, i64>(2).map_err(sql_error)?;
-        match groups
-            .iter_mut()
-            .find(|g| g.claimed == claimed && g.binding == binding)
-        {
-            Some(g) => {
-                g.count += 1;
-                g.oldest = g.oldest.min(created_at);
-            }
-            None => groups.push(Group {
-                binding: binding.to_owned(),
-                claimed,
-                count: 1,
-                oldest: created_at,
-            }),
+        let mut rows = stmt.query([first, last]).map_err(sql_error)?;
+        while let Some(row) = rows.next().map_err(sql_error)? {
+            let binding = text(row, 0).map_err(sql_error)?;
+            let claimed = row.get::<_, i64>(1).map_err(sql_error)? != 0;
+            count(binding, claimed, row.get(2).map_err(sql_error)?);
         }
     }
+    // Invariant 7: a fresh record is claimed at or below `claimed_to`.
+    each_fresh(conn, keys, (first, last), false, |r| {
+        count(r.entry.binding, r.key <= p.claimed_to, r.created_at);
+        Ok(true)
+    })?;
     for g in groups {
         let oldest = from_unix_nanos(g.oldest)?;
         for s in [
@@ -1145,6 +1409,94 @@ struct Group {
     count: u64,
     /// The lowest `created_at_ns`.
     oldest: i64,
+}
+
+/// Copies layout 5's messages (`outbox_messages_v5`) into layout 6's table:
+/// each under its first record's key, with its records' ids, bindings,
+/// addresses and times from their rows; a key without a row (a record
+/// completed while its message lived on) goes to `outbox_done`. Rows keep
+/// their state and point at the new key. Messages without a row are not
+/// copied (the migration then refuses).
+pub(super) fn copy_v5_messages(conn: &Connection) -> StoreResult<()> {
+    let mut messages = conn
+        .prepare(
+            "SELECT pid, first_seq, last_seq, envelope FROM outbox_messages_v5 \
+             ORDER BY pid, first_seq",
+        )
+        .map_err(sql_error)?;
+    let mut rows = messages.query([]).map_err(sql_error)?;
+    let mut records = conn
+        .prepare(
+            "SELECT key, id, binding, address, created_at_ns, expires_at_ns FROM outbox_records \
+             WHERE key BETWEEN ?1 AND ?2 ORDER BY key",
+        )
+        .map_err(sql_error)?;
+    while let Some(row) = rows.next().map_err(sql_error)? {
+        let keys = Keys::of(row.get(0).map_err(sql_error)?)?;
+        let (first_seq, last_seq): (i64, i64) = (
+            row.get(1).map_err(sql_error)?,
+            row.get(2).map_err(sql_error)?,
+        );
+        let (msg, end) = (keys.of_row(first_seq), keys.of_row(last_seq));
+        type Stored = (i64, String, String, String, i64, Option<i64>);
+        let stored: Vec<Stored> = records
+            .query_map([msg, end], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            })
+            .map_err(sql_error)?
+            .collect::<Result<_, _>>()
+            .map_err(sql_error)?;
+        let Some((_, _, _, _, created_at, expires_at)) = stored.first().cloned() else {
+            continue;
+        };
+        let mut list = Vec::with_capacity(message_len(msg, end)?);
+        for key in msg..=end {
+            match stored.iter().find(|s| s.0 == key) {
+                Some((_, id, binding, address, ..)) => list.push(crate::stores::NewRecord {
+                    id: id.clone(),
+                    binding: binding.as_str().into(),
+                    address: address.as_str().into(),
+                }),
+                None => {
+                    list.push(crate::stores::NewRecord {
+                        id: String::new(),
+                        binding: "".into(),
+                        address: "".into(),
+                    });
+                    conn.execute("INSERT INTO outbox_done (key) VALUES (?1)", [key])
+                        .map_err(sql_error)?;
+                }
+            }
+        }
+        conn.execute(
+            "INSERT INTO outbox_messages (msg, pid, first_seq, last_seq, created_at_ns, \
+             expires_at_ns, records, envelope) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                msg,
+                keys.pid(),
+                first_seq,
+                last_seq,
+                created_at,
+                expires_at,
+                record_list::encode(&list),
+                blob(row, 3)?
+            ],
+        )
+        .map_err(sql_error)?;
+        conn.execute(
+            "UPDATE outbox_records SET msg=?1 WHERE key BETWEEN ?1 AND ?2",
+            [msg, end],
+        )
+        .map_err(sql_error)?;
+    }
+    Ok(())
 }
 
 impl OutboxStore for SqliteOutboxStore {
@@ -1362,78 +1714,149 @@ mod tests {
         );
     }
 
-    /// `(seq, state)` of each record row, then `(first seq, last seq,
-    /// version)` of each run, read from the file.
-    type Layout = (Vec<(i64, i64)>, Vec<(i64, i64, i64)>);
+    /// What the file holds for a partition: `(seq, state)` of each record
+    /// row, the seqs in `outbox_done`, and `(first seq, last seq, version,
+    /// fresh)` of each run.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Layout {
+        rows: Vec<(i64, i64)>,
+        done: Vec<i64>,
+        runs: Vec<(i64, i64, i64, i64)>,
+    }
 
     fn layout(options: &SqliteOptions) -> Layout {
         let conn = Connection::open(&options.path).expect("open the file");
-        let states = conn
+        let seq = MAX_SEQ as i64;
+        let rows = conn
             .prepare("SELECT key & ?1, state FROM outbox_records ORDER BY key")
             .expect("prepare")
-            .query_map([MAX_SEQ as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_map([seq], |r| Ok((r.get(0)?, r.get(1)?)))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        let done = conn
+            .prepare("SELECT key & ?1 FROM outbox_done ORDER BY key")
+            .expect("prepare")
+            .query_map([seq], |r| r.get(0))
             .expect("query")
             .collect::<Result<_, _>>()
             .expect("rows");
         let runs = conn
-            .prepare("SELECT first_key & ?1, last_key & ?1, version FROM outbox_claims")
+            .prepare("SELECT first_key & ?1, last_key & ?1, version, fresh FROM outbox_claims")
             .expect("prepare")
-            .query_map([MAX_SEQ as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .query_map([seq], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
             .expect("query")
             .collect::<Result<_, _>>()
             .expect("rows");
-        (states, runs)
+        Layout { rows, done, runs }
     }
 
-    /// Invariant 7: a claim of fresh records writes one run row and leaves
-    /// the records as they were; a release gives a record its own claim; the
+    fn seqs(records: &[OutboxRecord]) -> Vec<u64> {
+        records.iter().map(|r| r.seq).collect()
+    }
+
+    /// Invariant 7: an append writes no record row; a claim of fresh records
+    /// writes one run row; a release gives a record a row of its own; the
     /// run goes with its last fresh record; a newer version voids the run.
     #[tokio::test]
-    async fn a_claim_of_fresh_records_writes_one_run_not_a_row_per_record() {
+    async fn a_fresh_record_has_no_row_and_a_claim_of_fresh_records_writes_one_run() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let (store, options) = opened(&dir).await;
         for _ in 0..5 {
             store.append("p", message(&["x"])).await.expect("append");
         }
+        let empty = Layout {
+            rows: vec![],
+            done: vec![],
+            runs: vec![],
+        };
+        assert_eq!(layout(&options), empty, "no record row");
         let claimed = store.claim("p", "o", 1, 3, t(2)).await.expect("claim");
-        assert_eq!(claimed.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(seqs(&claimed), [1, 2, 3]);
         assert!(
             claimed
                 .iter()
                 .all(|r| r.claim.as_ref().is_some_and(|c| c.version == 1))
         );
-        assert_eq!(
-            layout(&options),
-            (
-                vec![(1, 3), (2, 3), (3, 3), (4, 3), (5, 3)],
-                vec![(1, 3, 1)]
-            )
-        );
+        assert_eq!(layout(&options).runs, vec![(1, 3, 1, 3)]);
 
         let untried = Release::Untried;
         assert_eq!(store.release("p", 1, &[2], untried).await, Ok(vec![2]));
         assert_eq!(store.complete("p", 1, &[1]).await, Ok(vec![1]));
         assert_eq!(
             layout(&options),
-            (vec![(2, 0), (3, 3), (4, 3), (5, 3)], vec![(1, 3, 1)]),
-            "seq 2 pending on its own; seq 3 still claimed by the run"
+            Layout {
+                rows: vec![(2, 0)],
+                done: vec![],
+                runs: vec![(1, 3, 1, 1)],
+            },
+            "seq 2 pending in its row; seq 3 still claimed by the run"
         );
         // Seq 3 is claimed: the next claim takes 2, then fresh 4 and 5.
         let again = store.claim("p", "o", 1, 10, t(3)).await.expect("claim");
-        assert_eq!(again.iter().map(|r| r.seq).collect::<Vec<_>>(), [2, 4, 5]);
+        assert_eq!(seqs(&again), [2, 4, 5]);
         assert_eq!(store.complete("p", 1, &[3]).await, Ok(vec![3]));
         assert_eq!(
             layout(&options),
-            (vec![(2, 1), (4, 3), (5, 3)], vec![(4, 5, 1)]),
+            Layout {
+                rows: vec![(2, 1)],
+                done: vec![],
+                runs: vec![(4, 5, 1, 2)],
+            },
             "the first run went with seq 3"
         );
 
         // A newer version: the run is void and its records pending again.
         let taken = store.claim("p", "n", 2, 10, t(4)).await.expect("claim");
-        assert_eq!(taken.iter().map(|r| r.seq).collect::<Vec<_>>(), [2, 4, 5]);
+        assert_eq!(seqs(&taken), [2, 4, 5]);
         assert_eq!(store.complete("p", 1, &[2, 4, 5]).await.ok(), None);
         assert_eq!(store.complete("p", 2, &[2, 4, 5]).await, Ok(vec![2, 4, 5]));
-        assert_eq!(layout(&options), (vec![], vec![]));
+        assert_eq!(layout(&options), empty);
+        assert_eq!(store.envelopes("p").await, Ok(0));
+    }
+
+    /// Invariant 2: a record completed while its message holds others is
+    /// kept in `outbox_done`, so it is neither claimed nor counted again;
+    /// the last record takes the message and those marks with it.
+    #[tokio::test]
+    async fn a_record_completed_before_the_rest_of_its_message_stays_completed() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let (store, options) = opened(&dir).await;
+        store
+            .append("p", message(&["x", "y", "z"]))
+            .await
+            .expect("append");
+        let claimed = store.claim("p", "o", 1, 10, t(2)).await.expect("claim");
+        assert_eq!(seqs(&claimed), [1, 2, 3]);
+        assert_eq!(store.complete("p", 1, &[2]).await, Ok(vec![2]));
+        assert_eq!(store.complete("p", 1, &[2]).await, Ok(vec![]), "once");
+        let failed = Release::Failed {
+            error: "e".into(),
+            attempted_at: t(3),
+        };
+        assert_eq!(store.release("p", 1, &[3], failed).await, Ok(vec![3]));
+        assert_eq!(
+            layout(&options),
+            Layout {
+                rows: vec![(3, 0)],
+                done: vec![2],
+                runs: vec![(1, 3, 1, 1)],
+            }
+        );
+        let stats = store.stats("p").await.expect("stats");
+        assert_eq!((stats.total.depth, stats.total.claimed), (2, 1));
+        // A newer version makes seq 1 pending again, but not seq 2.
+        let again = store.claim("p", "n", 2, 10, t(4)).await.expect("claim");
+        assert_eq!(seqs(&again), [1, 3]);
+        assert_eq!(store.complete("p", 2, &[1, 3]).await, Ok(vec![1, 3]));
+        assert_eq!(
+            layout(&options),
+            Layout {
+                rows: vec![],
+                done: vec![],
+                runs: vec![],
+            }
+        );
         assert_eq!(store.envelopes("p").await, Ok(0));
     }
 }

@@ -118,6 +118,40 @@ CREATE TABLE outbox_claims (
 );
 ";
 
+/// From layout 5 to 6 (`super::outbox`, invariant 7): a run counts the
+/// fresh records it still holds, so that it goes with the last of them
+/// without a search.
+const OUTBOX_V6_CLAIMS: &str = "
+ALTER TABLE outbox_claims ADD COLUMN fresh INTEGER NOT NULL DEFAULT 0;
+";
+
+/// Layout 6's messages (`super::outbox`, invariant 7): a fresh record has
+/// no row; its message row holds its id, binding and address (`records`,
+/// see `super::record_list`) and its times. `outbox_done` holds the records
+/// completed while their message still has others, so that they are not
+/// taken for fresh ones.
+const OUTBOX_V6_TABLES: &str = "
+CREATE TABLE outbox_messages (
+    -- the key of its first record: pid << 40 | first_seq
+    msg           INTEGER PRIMARY KEY,
+    pid           INTEGER NOT NULL,
+    -- the seqs of the message's records
+    first_seq     INTEGER NOT NULL,
+    last_seq      INTEGER NOT NULL,
+    created_at_ns INTEGER NOT NULL,
+    expires_at_ns INTEGER,
+    -- each record's id, binding and address, in seq order
+    records       BLOB    NOT NULL,
+    envelope      BLOB    NOT NULL
+);
+-- expire: a partition's messages by expiry time
+CREATE INDEX outbox_messages_expiry ON outbox_messages (pid, expires_at_ns)
+    WHERE expires_at_ns IS NOT NULL;
+CREATE TABLE outbox_done (
+    key INTEGER PRIMARY KEY
+);
+";
+
 /// Layout 2's records out of the way of layout 3's.
 const OUTBOX_V2_SET_ASIDE: &str = "
 DROP INDEX outbox_records_state;
@@ -205,18 +239,22 @@ pub(super) fn outbox(conn: &Connection) -> StoreResult<()> {
         conn,
         &Schema {
             component: "outbox",
-            version: 5,
+            version: 6,
             ddl: &[
                 OUTBOX_PARTITIONS_AND_MESSAGES,
                 OUTBOX_RECORDS_V3,
                 OUTBOX_V3_TO_V4,
                 OUTBOX_V4_TO_V5,
+                OUTBOX_V6_CLAIMS,
+                "DROP TABLE outbox_messages;",
+                OUTBOX_V6_TABLES,
             ],
             migrations: &[
                 (1, outbox_v1_to_v2),
                 (2, outbox_v2_to_v3),
                 (3, outbox_v3_to_v4),
                 (4, outbox_v4_to_v5),
+                (5, outbox_v5_to_v6),
             ],
         },
     )
@@ -309,6 +347,37 @@ fn outbox_v3_to_v4(conn: &Connection) -> StoreResult<()> {
 /// See [`OUTBOX_V4_TO_V5`]: a table added, no row touched.
 fn outbox_v4_to_v5(conn: &Connection) -> StoreResult<()> {
     conn.execute_batch(OUTBOX_V4_TO_V5).map_err(sql_error)
+}
+
+/// From layout 5 to 6: every message row is copied with its records' ids,
+/// bindings and addresses (from their rows) under the key of its first
+/// record, each record completed while its message lived on gets a row in
+/// `outbox_done`, each run counts its fresh records, and the fresh records'
+/// rows go. Refused, and rolled back, unless every message was copied.
+fn outbox_v5_to_v6(conn: &Connection) -> StoreResult<()> {
+    conn.execute_batch(OUTBOX_V6_CLAIMS).map_err(sql_error)?;
+    conn.execute_batch(
+        "UPDATE outbox_claims SET fresh = (SELECT COUNT(*) FROM outbox_records \
+           WHERE key BETWEEN outbox_claims.first_key AND outbox_claims.last_key AND state=3);
+         ALTER TABLE outbox_messages RENAME TO outbox_messages_v5;",
+    )
+    .map_err(sql_error)?;
+    conn.execute_batch(OUTBOX_V6_TABLES).map_err(sql_error)?;
+    super::outbox::copy_v5_messages(conn)?;
+    let count = |table: &str| -> StoreResult<i64> {
+        conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
+            .map_err(sql_error)
+    };
+    let (old, new) = (count("outbox_messages_v5")?, count("outbox_messages")?);
+    if old != new {
+        return Err(StoreError::Corrupt(format!(
+            "outbox migration to layout 6: {} of {old} messages have no record row; the file \
+             was left as it was",
+            old - new
+        )));
+    }
+    conn.execute_batch("DELETE FROM outbox_records WHERE state=3; DROP TABLE outbox_messages_v5;")
+        .map_err(sql_error)
 }
 
 /// Fails a migration to `layout` unless `outbox_records` holds as many rows
@@ -582,7 +651,7 @@ mod tests {
                 |r| r.get(0),
             )
             .expect("version");
-        assert_eq!(version, 5);
+        assert_eq!(version, 6);
         let old: i64 = conn
             .query_row(
                 "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '%_v1'",
@@ -807,7 +876,127 @@ mod tests {
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .expect("state");
-        assert_eq!((version, old), (5, 0), "layout 5, layout 2's table gone");
+        assert_eq!((version, old), (6, 0), "layout 6, layout 2's table gone");
+    }
+
+    /// A file of layout 5: message 1 (seqs 1–3) with seq 1 completed, seq 2
+    /// fresh in a run of version 3 and seq 3 released; message 2 (seqs 4, 5)
+    /// with seq 4 in the run and seq 5 pending; message 3 (seq 6) pending.
+    fn v5_file(dir: &tempfile::TempDir) -> std::path::PathBuf {
+        let path = dir.path().join("outbox.db");
+        let conn = Connection::open(&path).expect("open");
+        conn.execute_batch(
+            "CREATE TABLE ferry_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL) \
+             WITHOUT ROWID; INSERT INTO ferry_schema VALUES ('outbox', 5);",
+        )
+        .expect("schema table");
+        for ddl in [
+            super::OUTBOX_PARTITIONS_AND_MESSAGES,
+            super::OUTBOX_RECORDS_V3,
+            super::OUTBOX_V3_TO_V4,
+            super::OUTBOX_V4_TO_V5,
+        ] {
+            conn.execute_batch(ddl).expect("layout 5");
+        }
+        let key = |seq: i64| (1 << 40) | seq;
+        let at = unix_nanos(t(1)).expect("time");
+        conn.execute(
+            "INSERT INTO outbox_partitions VALUES (1, 'b/r', 3, 6, ?1)",
+            [key(4)],
+        )
+        .expect("partition");
+        for (msg, first, last, payload) in [(7, 1, 3, "fan"), (8, 4, 5, "two"), (9, 6, 6, "one")] {
+            conn.execute(
+                "INSERT INTO outbox_messages VALUES (?1, 1, ?2, ?3, ?4)",
+                rusqlite::params![msg, first, last, envelope(payload).encode()],
+            )
+            .expect("message");
+        }
+        for (seq, msg, binding, state, replays) in [
+            (2, 7, "y", 3, 0),
+            (3, 7, "z", 0, 1),
+            (4, 8, "x", 3, 0),
+            (5, 8, "y", 3, 0),
+            (6, 9, "x", 3, 0),
+        ] {
+            let error = (replays > 0).then_some("refused");
+            conn.execute(
+                "INSERT INTO outbox_records (key, msg, id, binding, address, created_at_ns, \
+                 state, replay_count, last_error) VALUES (?1, ?2, ?3, ?4, 'out', ?5, ?6, ?7, ?8)",
+                rusqlite::params![
+                    key(seq),
+                    msg,
+                    format!("id-{seq}"),
+                    binding,
+                    at,
+                    state,
+                    replays,
+                    error
+                ],
+            )
+            .expect("record");
+        }
+        conn.execute(
+            "INSERT INTO outbox_claims VALUES (?1, ?2, 3, 'o', ?3)",
+            [key(1), key(4), at],
+        )
+        .expect("run");
+        path
+    }
+
+    /// Layout 5's fresh records lose their rows and are found through their
+    /// messages, with the claims of their runs; a record completed earlier
+    /// stays completed; the run goes with its last fresh record.
+    #[tokio::test]
+    async fn an_outbox_of_the_fifth_layout_is_migrated_when_opened() {
+        let (_dir, path, store) = migrated(v5_file).await;
+        let summary = |records: Vec<crate::stores::OutboxRecord>| -> Vec<_> {
+            records
+                .into_iter()
+                .map(|r| {
+                    (
+                        r.seq,
+                        r.id,
+                        r.binding.to_string(),
+                        String::from_utf8_lossy(&r.envelope.payload).into_owned(),
+                        r.claim.map(|c| (c.version, c.owner)),
+                        r.replay_count,
+                    )
+                })
+                .collect()
+        };
+        let run = || Some((3, "o".to_owned()));
+        assert_eq!(
+            summary(store.dump("b/r").await.expect("dump")),
+            vec![
+                (2, "id-2".into(), "y".into(), "fan".into(), run(), 0),
+                (3, "id-3".into(), "z".into(), "fan".into(), None, 1),
+                (4, "id-4".into(), "x".into(), "two".into(), run(), 0),
+                (5, "id-5".into(), "y".into(), "two".into(), None, 0),
+                (6, "id-6".into(), "x".into(), "one".into(), None, 0),
+            ]
+        );
+        let stats = store.stats("b/r").await.expect("stats");
+        assert_eq!((stats.total.depth, stats.total.claimed), (5, 2));
+        assert_eq!(store.complete("b/r", 3, &[1, 2, 4]).await, Ok(vec![2, 4]));
+        let claimed = store.claim("b/r", "o", 3, 10, t(2)).await.expect("claim");
+        let seqs: Vec<u64> = claimed.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, vec![3, 5, 6]);
+        assert_eq!(store.complete("b/r", 3, &seqs).await, Ok(vec![3, 5, 6]));
+        assert_eq!(store.envelopes("b/r").await, Ok(0));
+        store.close().await;
+
+        let conn = Connection::open(&path).expect("reopen");
+        let left: (i64, i64, i64, i64) = conn
+            .query_row(
+                "SELECT (SELECT version FROM ferry_schema WHERE component='outbox'), \
+                 (SELECT COUNT(*) FROM outbox_records), (SELECT COUNT(*) FROM outbox_done), \
+                 (SELECT COUNT(*) FROM outbox_claims)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .expect("state");
+        assert_eq!(left, (6, 0, 0, 0), "layout 6, nothing left");
     }
 
     /// A record whose seq does not fit in a key stops the migration before
@@ -831,7 +1020,7 @@ mod tests {
             .expect("open")
             .execute_batch(
                 "CREATE TABLE ferry_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL);
-                 INSERT INTO ferry_schema VALUES ('outbox', 6);",
+                 INSERT INTO ferry_schema VALUES ('outbox', 7);",
             )
             .expect("newer schema");
         let error = SqliteOutboxStore::open(sqlite_options(&dir, "outbox.db"))
@@ -841,7 +1030,7 @@ mod tests {
         assert!(
             error
                 .to_string()
-                .contains("outbox schema version 6 was written by a newer"),
+                .contains("outbox schema version 7 was written by a newer"),
             "{error}"
         );
     }
