@@ -21,16 +21,8 @@ fn depth_metric(agent: &Agent, b: &str) -> anyhow::Result<u64> {
 
 /// The records of binding `b` in the outbox file, read-only.
 fn depth_in_store(dir: &std::path::Path, b: &str) -> anyhow::Result<u64> {
-    let conn = rusqlite::Connection::open_with_flags(
-        dir.join("outbox.db"),
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )?;
-    let n: i64 = conn.query_row(
-        "SELECT COUNT(*) FROM outbox_records WHERE binding=?1",
-        [b],
-        |r| r.get(0),
-    )?;
-    Ok(u64::try_from(n)?)
+    let stats = ferry_agent::stores::sqlite::stats_of_file(&dir.join("outbox.db"), "e2e/r")?;
+    Ok(stats.bindings.get(b).map_or(0, |s| s.depth))
 }
 
 /// Fan-out ×2 with messages flowing; the agent is frozen (SIGSTOP) past its lease TTL three

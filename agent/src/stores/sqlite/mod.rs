@@ -26,6 +26,8 @@ mod writer;
 pub use dlq::SqliteDlqStore;
 pub use lease::SqliteLeaseStore;
 pub use outbox::SqliteOutboxStore;
+#[cfg(any(test, feature = "conformance"))]
+pub use outbox::stats_of_file;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

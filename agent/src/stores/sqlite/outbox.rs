@@ -262,6 +262,17 @@ impl SqliteOutboxStore {
     }
 }
 
+/// The statistics of `partition` in the outbox file at `path`, read on a
+/// read-only connection of its own: for tests that look at a running
+/// agent's file without opening a store (and its writer) beside it.
+#[cfg(any(test, feature = "conformance"))]
+pub fn stats_of_file(path: &std::path::Path, partition: &str) -> StoreResult<OutboxStats> {
+    let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(sql_error)?;
+    conn.execute_batch("BEGIN").map_err(sql_error)?;
+    stats(&conn, partition)
+}
+
 /// Column `i` of `r` as text, borrowed from the row.
 fn text<'r>(r: &'r Row<'_>, i: usize) -> rusqlite::Result<&'r str> {
     r.get_ref(i)?.as_str().map_err(|e| {
@@ -311,7 +322,10 @@ fn with_envelopes(
         .map_err(sql_error)?;
     into_records(partition, rows, |msg| {
         if let Ok(i) = read.binary_search_by_key(&msg, |(m, _)| *m) {
-            return Ok(Some(std::mem::take(&mut read[i].1)));
+            let bytes = std::mem::take(&mut read[i].1);
+            if !bytes.is_empty() {
+                return Ok(Some(bytes));
+            }
         }
         select
             .query_row([msg], |r| r.get(0))
@@ -1470,7 +1484,9 @@ pub(super) fn copy_v5_messages(conn: &Connection) -> StoreResult<()> {
                         binding: "".into(),
                         address: "".into(),
                     });
-                    conn.execute("INSERT INTO outbox_done (key) VALUES (?1)", [key])
+                    conn.prepare_cached("INSERT INTO outbox_done (key) VALUES (?1)")
+                        .map_err(sql_error)?
+                        .execute([key])
                         .map_err(sql_error)?;
                 }
             }
