@@ -99,6 +99,13 @@ impl OutboxHarness for SqliteOutboxStore {
     fn envelopes<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<usize>> {
         Box::pin(SqliteOutboxStore::envelopes(self, partition))
     }
+
+    fn broken_invariants<'a>(
+        &'a self,
+        partition: &'a str,
+    ) -> BoxFuture<'a, StoreResult<Vec<String>>> {
+        Box::pin(SqliteOutboxStore::broken_invariants(self, partition))
+    }
 }
 
 impl Harness for PostgresOutboxStore {

@@ -66,6 +66,14 @@ pub(crate) trait OutboxHarness: Harness {
     fn dump<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>>;
     /// Envelopes stored for `partition`: one per message with a record left.
     fn envelopes<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<usize>>;
+    /// What breaks the backend's own invariants in `partition`, for a
+    /// backend that can check its tables (none by default).
+    fn broken_invariants<'a>(
+        &'a self,
+        _partition: &'a str,
+    ) -> BoxFuture<'a, StoreResult<Vec<String>>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }
 
 /// A fixed point in time plus `secs`, so tests never read the clock.

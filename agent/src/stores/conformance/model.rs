@@ -453,6 +453,17 @@ async fn check<S: OutboxHarness + OutboxStore>(
                 step
             );
             prop_assert_eq!(stats.high_water_mark, model.partitions[i].hwm);
+            let broken = store
+                .broken_invariants(p)
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert!(
+                broken.is_empty(),
+                "after step {}: {:?}: {:?}",
+                step,
+                op,
+                broken
+            );
         }
     }
     Ok(())

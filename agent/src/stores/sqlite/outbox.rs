@@ -242,6 +242,128 @@ impl SqliteOutboxStore {
             .await
     }
 
+    /// What breaks this module's invariants (2, 6, 7) in `partition`, read
+    /// from the tables themselves: keys of rows and of `outbox_done` outside
+    /// every message or in both, messages without a stored record, claims
+    /// that are not the partition's fence, fresh records held by no run or
+    /// by two, and runs whose count is not what they hold. The model-based
+    /// test checks it after every step.
+    #[cfg(test)]
+    pub(crate) async fn broken_invariants(&self, partition: &str) -> StoreResult<Vec<String>> {
+        let partition = partition.to_owned();
+        self.db
+            .read(move |conn| {
+                let mut errs = Vec::new();
+                let Some(p) = partition_row(conn, &partition)? else {
+                    return Ok(errs);
+                };
+                let keys = Keys::of(p.pid)?;
+                let (first, last) = keys.range();
+                let q2 = |sql: &str| -> StoreResult<Vec<(i64, i64)>> {
+                    conn.prepare(sql)
+                        .map_err(sql_error)?
+                        .query_map([first, last], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .map_err(sql_error)?
+                        .collect::<Result<_, _>>()
+                        .map_err(sql_error)
+                };
+                let msgs = q2(&format!(
+                    "SELECT msg, {} | last_seq FROM outbox_messages WHERE msg BETWEEN ?1 AND ?2 ORDER BY msg",
+                    keys.base
+                ))?;
+                let rows: Vec<(i64, i64, Option<i64>)> = conn
+                    .prepare("SELECT key, state, claim_version FROM outbox_records WHERE key BETWEEN ?1 AND ?2 ORDER BY key")
+                    .map_err(sql_error)?
+                    .query_map([first, last], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .map_err(sql_error)?
+                    .collect::<Result<_, _>>()
+                    .map_err(sql_error)?;
+                let done: Vec<i64> = q2("SELECT key, key FROM outbox_done WHERE key BETWEEN ?1 AND ?2 ORDER BY key")?
+                    .into_iter()
+                    .map(|k| k.0)
+                    .collect();
+                let runs: Vec<(i64, i64, i64, i64)> = conn
+                    .prepare("SELECT first_key, last_key, version, fresh FROM outbox_claims WHERE first_key BETWEEN ?1 AND ?2 ORDER BY first_key")
+                    .map_err(sql_error)?
+                    .query_map([first, last], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .map_err(sql_error)?
+                    .collect::<Result<_, _>>()
+                    .map_err(sql_error)?;
+                let in_msg = |k: i64| msgs.iter().any(|(m, e)| (*m..=*e).contains(&k));
+                let seq = |k: i64| seq_of(k);
+                for (k, state, v) in &rows {
+                    if !in_msg(*k) {
+                        errs.push(format!("row {} outside any message", seq(*k)));
+                    }
+                    if *state == 1 && *k > p.claimed_to {
+                        errs.push(format!("state-1 row {} above claimed_to {}", seq(*k), seq(p.claimed_to)));
+                    }
+                    if *state != 0 && *v != Some(p.hwm as i64) {
+                        errs.push(format!("row {} claimed at {:?} != hwm {}", seq(*k), v, p.hwm));
+                    }
+                }
+                for k in &done {
+                    if !in_msg(*k) {
+                        errs.push(format!("done key {} outside any message (leaked)", seq(*k)));
+                    }
+                    if rows.iter().any(|r| r.0 == *k) {
+                        errs.push(format!("done key {} also has a row", seq(*k)));
+                    }
+                }
+                let mut tally = vec![0i64; runs.len()];
+                for (m, e) in &msgs {
+                    let mut stored = 0;
+                    for k in *m..=*e {
+                        let has_row = rows.iter().any(|r| r.0 == k);
+                        let is_done = done.contains(&k);
+                        if has_row || !is_done {
+                            stored += 1;
+                        }
+                        if has_row || is_done {
+                            continue;
+                        }
+                        let holders: Vec<usize> = runs
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, r)| (r.0..=r.1).contains(&k))
+                            .map(|(i, _)| i)
+                            .collect();
+                        for i in &holders {
+                            tally[*i] += 1;
+                        }
+                        if k <= p.claimed_to && holders.len() != 1 {
+                            errs.push(format!("fresh {} <= claimed_to {} in {} runs", seq(k), seq(p.claimed_to), holders.len()));
+                        }
+                        if k > p.claimed_to && !holders.is_empty() {
+                            errs.push(format!("fresh {} above claimed_to in a run", seq(k)));
+                        }
+                    }
+                    if stored == 0 {
+                        errs.push(format!("message {} holds no record (leaked)", seq(*m)));
+                    }
+                }
+                for (i, r) in runs.iter().enumerate() {
+                    if r.3 != tally[i] {
+                        errs.push(format!("run {}..{} counts {} fresh, holds {}", seq(r.0), seq(r.1), r.3, tally[i]));
+                    }
+                    if r.3 <= 0 || tally[i] == 0 {
+                        errs.push(format!("run {}..{} is empty but kept", seq(r.0), seq(r.1)));
+                    }
+                    if r.2 != p.hwm as i64 {
+                        errs.push(format!("run {}..{} at version {} != hwm {}", seq(r.0), seq(r.1), r.2, p.hwm));
+                    }
+                    if r.1 > p.claimed_to {
+                        errs.push(format!("run {}..{} above claimed_to", seq(r.0), seq(r.1)));
+                    }
+                    if i > 0 && runs[i - 1].1 >= r.0 {
+                        errs.push("runs overlap".into());
+                    }
+                }
+                Ok(errs)
+            })
+            .await
+    }
+
     /// Message rows (stored envelopes) of `partition`.
     #[cfg(test)]
     pub(crate) async fn envelopes(&self, partition: &str) -> StoreResult<usize> {
@@ -381,22 +503,38 @@ macro_rules! messages_over {
     };
 }
 
-/// The keys of `from..=to` that are not fresh though in a message's range:
-/// those with a row and those completed (invariants 2 and 7), ascending.
-fn not_fresh(conn: &Connection, from: i64, to: i64) -> StoreResult<Vec<i64>> {
-    let mut keys = Vec::new();
-    for table in [
-        "SELECT key FROM outbox_records WHERE key BETWEEN ?1 AND ?2",
-        "SELECT key FROM outbox_done WHERE key BETWEEN ?1 AND ?2",
-    ] {
-        let mut stmt = conn.prepare_cached(table).map_err(sql_error)?;
-        let mut rows = stmt.query([from, to]).map_err(sql_error)?;
-        while let Some(row) = rows.next().map_err(sql_error)? {
-            keys.push(row.get::<_, i64>(0).map_err(sql_error)?);
-        }
+/// The keys of one table in a key range, in key order, read only as far as
+/// asked: [`each_fresh`] passes over them beside the messages, so a call
+/// that stops early reads no more of them than of the messages.
+struct Keyed<'s> {
+    rows: rusqlite::Rows<'s>,
+    next: Option<i64>,
+}
+
+impl<'s> Keyed<'s> {
+    fn new(mut rows: rusqlite::Rows<'s>) -> StoreResult<Self> {
+        let next = Self::read(&mut rows)?;
+        Ok(Keyed { rows, next })
     }
-    keys.sort_unstable();
-    Ok(keys)
+
+    fn read(rows: &mut rusqlite::Rows<'s>) -> StoreResult<Option<i64>> {
+        rows.next()
+            .map_err(sql_error)?
+            .map(|row| row.get(0).map_err(sql_error))
+            .transpose()
+    }
+
+    /// True when the table holds `key`; the keys below it are passed. Asked
+    /// in ascending order.
+    fn holds(&mut self, key: i64) -> StoreResult<bool> {
+        while let Some(next) = self.next {
+            if next >= key {
+                return Ok(next == key);
+            }
+            self.next = Self::read(&mut self.rows)?;
+        }
+        Ok(false)
+    }
 }
 
 /// Calls `each` with the fresh records of the keys `from..=to` in key
@@ -412,8 +550,16 @@ fn each_fresh(
     if from > to {
         return Ok(());
     }
-    let taken = not_fresh(conn, from, to)?;
-    let mut taken = taken.iter().copied().peekable();
+    // Keys in a message's range but not fresh: those with a row, and those
+    // completed (invariants 2 and 7).
+    let mut with_row = conn
+        .prepare_cached("SELECT key FROM outbox_records WHERE key BETWEEN ?1 AND ?2 ORDER BY key")
+        .map_err(sql_error)?;
+    let mut with_row = Keyed::new(with_row.query([from, to]).map_err(sql_error)?)?;
+    let mut done = conn
+        .prepare_cached("SELECT key FROM outbox_done WHERE key BETWEEN ?1 AND ?2 ORDER BY key")
+        .map_err(sql_error)?;
+    let mut done = Keyed::new(done.query([from, to]).map_err(sql_error)?)?;
     let sql = if envelopes {
         messages_over!("msg, last_seq, created_at_ns, expires_at_ns, records, envelope")
     } else {
@@ -440,8 +586,7 @@ fn each_fresh(
             if key > to {
                 return Ok(());
             }
-            while taken.next_if(|t| *t < key).is_some() {}
-            if taken.next_if_eq(&key).is_some() {
+            if with_row.holds(key)? || done.holds(key)? {
                 continue;
             }
             let fresh = Fresh {
@@ -771,26 +916,34 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     // by seq range costs less than one `UPDATE … WHERE seq IN (…)
     // RETURNING`, which builds two ephemeral tables per call.
     //
-    // Pending and fresh (invariant 7): the oldest above `claimed_to`, read
-    // from their messages. They are taken as a prefix, so the run written
-    // below holds every fresh record up to the new `claimed_to`.
-    // None when `claimed_to` is the last key there can be (`i64::MAX`).
-    let (fresh, envelopes) = match fenced.claimed_to.max(first).checked_add(1) {
-        Some(from) => fresh_with_envelopes(conn, keys, (from, last), a.limit)?,
-        None => (Vec::new(), Vec::new()),
-    };
-    let fresh_seqs: Vec<i64> = fresh.iter().map(|r| r.seq).collect();
-    let mut rows = fresh;
     // Pending since a release (or an older layout): a range scan of their
     // index.
-    rows.extend(selected(
+    let pending = selected(
         conn,
         &format!(
             "SELECT {COLUMNS} FROM {PENDING} WHERE state=0 AND key BETWEEN ?1 AND ?2 \
              ORDER BY key LIMIT ?3"
         ),
         params![first, last, limit],
-    )?);
+    )?;
+    // Pending and fresh (invariant 7): the oldest above `claimed_to`, read
+    // from their messages. They are taken as a prefix, so the run written
+    // below holds every fresh record up to the new `claimed_to`. None above
+    // the `limit`-th pending row can make the cut, so the scan stops there:
+    // after a fence rise (`claimed_to` back to 0) over a backlog of released
+    // records it would otherwise read the whole backlog on every claim.
+    let upto = match pending.get(a.limit.saturating_sub(1)) {
+        Some(row) if a.limit > 0 => keys.of_row(row.seq),
+        _ => last,
+    };
+    // None when `claimed_to` is the last key there can be (`i64::MAX`).
+    let (fresh, envelopes) = match fenced.claimed_to.max(first).checked_add(1) {
+        Some(from) => fresh_with_envelopes(conn, keys, (from, upto), a.limit)?,
+        None => (Vec::new(), Vec::new()),
+    };
+    let fresh_seqs: Vec<i64> = fresh.iter().map(|r| r.seq).collect();
+    let mut rows = fresh;
+    rows.extend(pending);
     // Claimed by a claim and stale (invariant 6): among the keys up to
     // `claimed_to`, read in key order. Claims take the oldest pending
     // records, so these are the claimed records and the few released among
@@ -1873,6 +2026,36 @@ mod tests {
                 runs: vec![],
             }
         );
+        assert_eq!(store.envelopes("p").await, Ok(0));
+    }
+
+    /// Invariant 7: a stale run taken back in parts (the claim's `limit`)
+    /// counts down by what each claim took, and goes with its last record.
+    #[tokio::test]
+    async fn a_stale_run_taken_back_in_parts_counts_down_and_goes() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let (store, options) = opened(&dir).await;
+        for _ in 0..3 {
+            store.append("p", message(&["x"])).await.expect("append");
+        }
+        let claimed = store.claim("p", "o", 1, 10, t(2)).await.expect("claim");
+        assert_eq!(seqs(&claimed), [1, 2, 3]);
+        assert_eq!(layout(&options).runs, vec![(1, 3, 1, 3)]);
+        let stale = t(2) + crate::stores::conformance::STALE;
+        let back = store.claim("p", "o", 1, 2, stale).await.expect("claim");
+        assert_eq!(seqs(&back), [1, 2]);
+        assert_eq!(
+            layout(&options),
+            Layout {
+                rows: vec![(1, 1), (2, 1)],
+                done: vec![],
+                runs: vec![(1, 3, 1, 1)],
+            }
+        );
+        let back = store.claim("p", "o", 1, 2, stale).await.expect("claim");
+        assert_eq!(seqs(&back), [3]);
+        assert_eq!(layout(&options).runs, vec![], "the run went with seq 3");
+        assert_eq!(store.complete("p", 1, &[1, 2, 3]).await, Ok(vec![1, 2, 3]));
         assert_eq!(store.envelopes("p").await, Ok(0));
     }
 }

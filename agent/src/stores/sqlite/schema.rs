@@ -1034,4 +1034,30 @@ mod tests {
             "{error}"
         );
     }
+
+    /// A fresh record of layout 5 keeps its expiry through the migration.
+    #[tokio::test]
+    async fn a_migrated_fresh_record_keeps_its_expiry() {
+        fn expiring(dir: &tempfile::TempDir) -> std::path::PathBuf {
+            let path = v5_file(dir);
+            let at = unix_nanos(t(5)).expect("time");
+            Connection::open(&path)
+                .expect("open")
+                .execute(
+                    "UPDATE outbox_records SET expires_at_ns=?1 WHERE msg=9",
+                    [at],
+                )
+                .expect("an expiry");
+            path
+        }
+        let (_dir, _path, store) = migrated(expiring).await;
+        let dumped = store.dump("b/r").await.expect("dump");
+        let six = dumped.iter().find(|r| r.seq == 6).expect("seq 6");
+        assert_eq!(six.expires_at, Some(t(5)));
+        let expired = store
+            .expire("b/r", "o", 3, t(10), 10)
+            .await
+            .expect("expire");
+        assert_eq!(expired.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![6]);
+    }
 }
