@@ -259,7 +259,8 @@ impl SqliteOutboxStore {
                 };
                 let keys = Keys::of(p.pid)?;
                 let (first, last) = keys.range();
-                let q2 = |sql: &str| -> StoreResult<Vec<(i64, i64)>> {
+                // The first two integer columns of `sql`'s rows in the partition.
+                let pairs = |sql: &str| -> StoreResult<Vec<(i64, i64)>> {
                     conn.prepare(sql)
                         .map_err(sql_error)?
                         .query_map([first, last], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -267,47 +268,69 @@ impl SqliteOutboxStore {
                         .collect::<Result<_, _>>()
                         .map_err(sql_error)
                 };
-                let msgs = q2(&format!(
-                    "SELECT msg, {} | last_seq FROM outbox_messages WHERE msg BETWEEN ?1 AND ?2 ORDER BY msg",
+                let msgs = pairs(&format!(
+                    "SELECT msg, {} | last_seq FROM outbox_messages \
+                     WHERE msg BETWEEN ?1 AND ?2 ORDER BY msg",
                     keys.base
                 ))?;
                 let rows: Vec<(i64, i64, Option<i64>)> = conn
-                    .prepare("SELECT key, state, claim_version FROM outbox_records WHERE key BETWEEN ?1 AND ?2 ORDER BY key")
+                    .prepare(
+                        "SELECT key, state, claim_version FROM outbox_records \
+                         WHERE key BETWEEN ?1 AND ?2 ORDER BY key",
+                    )
                     .map_err(sql_error)?
                     .query_map([first, last], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                     .map_err(sql_error)?
                     .collect::<Result<_, _>>()
                     .map_err(sql_error)?;
-                let done: Vec<i64> = q2("SELECT key, key FROM outbox_done WHERE key BETWEEN ?1 AND ?2 ORDER BY key")?
-                    .into_iter()
-                    .map(|k| k.0)
-                    .collect();
+                let done: Vec<i64> = pairs(
+                    "SELECT key, key FROM outbox_done WHERE key BETWEEN ?1 AND ?2 ORDER BY key",
+                )?
+                .into_iter()
+                .map(|k| k.0)
+                .collect();
                 let runs: Vec<(i64, i64, i64, i64)> = conn
-                    .prepare("SELECT first_key, last_key, version, fresh FROM outbox_claims WHERE first_key BETWEEN ?1 AND ?2 ORDER BY first_key")
+                    .prepare(
+                        "SELECT first_key, last_key, version, fresh FROM outbox_claims \
+                         WHERE first_key BETWEEN ?1 AND ?2 ORDER BY first_key",
+                    )
                     .map_err(sql_error)?
-                    .query_map([first, last], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                    .query_map([first, last], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })
                     .map_err(sql_error)?
                     .collect::<Result<_, _>>()
                     .map_err(sql_error)?;
                 let in_msg = |k: i64| msgs.iter().any(|(m, e)| (*m..=*e).contains(&k));
-                let seq = |k: i64| seq_of(k);
                 for (k, state, v) in &rows {
                     if !in_msg(*k) {
-                        errs.push(format!("row {} outside any message", seq(*k)));
+                        errs.push(format!("row {} outside any message", seq_of(*k)));
                     }
                     if *state == 1 && *k > p.claimed_to {
-                        errs.push(format!("state-1 row {} above claimed_to {}", seq(*k), seq(p.claimed_to)));
+                        errs.push(format!(
+                            "state-1 row {} above claimed_to {}",
+                            seq_of(*k),
+                            seq_of(p.claimed_to)
+                        ));
                     }
                     if *state != 0 && *v != Some(p.hwm as i64) {
-                        errs.push(format!("row {} claimed at {:?} != hwm {}", seq(*k), v, p.hwm));
+                        errs.push(format!(
+                            "row {} claimed at {:?} != hwm {}",
+                            seq_of(*k),
+                            v,
+                            p.hwm
+                        ));
                     }
                 }
                 for k in &done {
                     if !in_msg(*k) {
-                        errs.push(format!("done key {} outside any message (leaked)", seq(*k)));
+                        errs.push(format!(
+                            "done key {} outside any message (leaked)",
+                            seq_of(*k)
+                        ));
                     }
                     if rows.iter().any(|r| r.0 == *k) {
-                        errs.push(format!("done key {} also has a row", seq(*k)));
+                        errs.push(format!("done key {} also has a row", seq_of(*k)));
                     }
                 }
                 let mut tally = vec![0i64; runs.len()];
@@ -332,28 +355,53 @@ impl SqliteOutboxStore {
                             tally[*i] += 1;
                         }
                         if k <= p.claimed_to && holders.len() != 1 {
-                            errs.push(format!("fresh {} <= claimed_to {} in {} runs", seq(k), seq(p.claimed_to), holders.len()));
+                            errs.push(format!(
+                                "fresh {} <= claimed_to {} in {} runs",
+                                seq_of(k),
+                                seq_of(p.claimed_to),
+                                holders.len()
+                            ));
                         }
                         if k > p.claimed_to && !holders.is_empty() {
-                            errs.push(format!("fresh {} above claimed_to in a run", seq(k)));
+                            errs.push(format!("fresh {} above claimed_to in a run", seq_of(k)));
                         }
                     }
                     if stored == 0 {
-                        errs.push(format!("message {} holds no record (leaked)", seq(*m)));
+                        errs.push(format!("message {} holds no record (leaked)", seq_of(*m)));
                     }
                 }
                 for (i, r) in runs.iter().enumerate() {
                     if r.3 != tally[i] {
-                        errs.push(format!("run {}..{} counts {} fresh, holds {}", seq(r.0), seq(r.1), r.3, tally[i]));
+                        errs.push(format!(
+                            "run {}..{} counts {} fresh, holds {}",
+                            seq_of(r.0),
+                            seq_of(r.1),
+                            r.3,
+                            tally[i]
+                        ));
                     }
                     if r.3 <= 0 || tally[i] == 0 {
-                        errs.push(format!("run {}..{} is empty but kept", seq(r.0), seq(r.1)));
+                        errs.push(format!(
+                            "run {}..{} is empty but kept",
+                            seq_of(r.0),
+                            seq_of(r.1)
+                        ));
                     }
                     if r.2 != p.hwm as i64 {
-                        errs.push(format!("run {}..{} at version {} != hwm {}", seq(r.0), seq(r.1), r.2, p.hwm));
+                        errs.push(format!(
+                            "run {}..{} at version {} != hwm {}",
+                            seq_of(r.0),
+                            seq_of(r.1),
+                            r.2,
+                            p.hwm
+                        ));
                     }
                     if r.1 > p.claimed_to {
-                        errs.push(format!("run {}..{} above claimed_to", seq(r.0), seq(r.1)));
+                        errs.push(format!(
+                            "run {}..{} above claimed_to",
+                            seq_of(r.0),
+                            seq_of(r.1)
+                        ));
                     }
                     if i > 0 && runs[i - 1].1 >= r.0 {
                         errs.push("runs overlap".into());
