@@ -1547,7 +1547,8 @@ fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>>
     // moves there.
     let mut in_rows = Vec::new();
     for row in &rows {
-        if fresh_seqs.contains(&row.seq) {
+        // Ascending: found message by message in key order.
+        if fresh_seqs.binary_search(&row.seq).is_ok() {
             insert_row(conn, keys, row, CLAIMED_BY_EXPIRE)?;
         } else {
             in_rows.push(keys.of_row(row.seq));
