@@ -666,43 +666,38 @@ fn fresh_in(
     range: (i64, i64),
     limit: usize,
 ) -> StoreResult<Vec<RawRecord>> {
-    let mut names = Names::default();
-    let mut found = Vec::new();
-    each_fresh(conn, keys, range, false, |r| {
-        if found.len() >= limit {
-            return Ok(false);
-        }
-        found.push(r.raw(&mut names));
-        Ok(true)
-    })?;
-    Ok(found)
+    Ok(fresh_with(conn, keys, range, limit, false)?.0)
 }
 
 /// The encoded envelopes of the messages a call read already, by key, so
 /// that [`with_envelopes`] need not read them again.
 type Envelopes = Vec<(i64, Vec<u8>)>;
 
-/// As [`fresh_in`], keeping the envelope of each message found.
-fn fresh_with_envelopes(
+/// As [`fresh_in`], with the envelope of each message found when
+/// `envelopes` (none otherwise).
+fn fresh_with(
     conn: &Connection,
     keys: Keys,
     range: (i64, i64),
     limit: usize,
+    envelopes: bool,
 ) -> StoreResult<(Vec<RawRecord>, Envelopes)> {
     let mut names = Names::default();
     let mut found = Vec::new();
-    let mut envelopes: Envelopes = Vec::new();
-    each_fresh(conn, keys, range, true, |r| {
+    let mut read: Envelopes = Vec::new();
+    each_fresh(conn, keys, range, envelopes, |r| {
         if found.len() >= limit {
             return Ok(false);
         }
-        if envelopes.last().is_none_or(|(msg, _)| *msg != r.msg) {
-            envelopes.push((r.msg, r.envelope.unwrap_or_default().to_vec()));
+        if let Some(envelope) = r.envelope
+            && read.last().is_none_or(|(msg, _)| *msg != r.msg)
+        {
+            read.push((r.msg, envelope.to_vec()));
         }
         found.push(r.raw(&mut names));
         Ok(true)
     })?;
-    Ok((found, envelopes))
+    Ok((found, read))
 }
 
 /// A partition's row.
@@ -986,7 +981,7 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
     };
     // None when `claimed_to` is the last key there can be (`i64::MAX`).
     let (fresh, envelopes) = match fenced.claimed_to.max(first).checked_add(1) {
-        Some(from) => fresh_with_envelopes(conn, keys, (from, upto), a.limit)?,
+        Some(from) => fresh_with(conn, keys, (from, upto), a.limit, true)?,
         None => (Vec::new(), Vec::new()),
     };
     let fresh_seqs: Vec<i64> = fresh.iter().map(|r| r.seq).collect();
