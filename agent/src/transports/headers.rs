@@ -22,22 +22,21 @@ pub(crate) fn is_reserved(key: &str) -> bool {
     key == MESSAGE_ID_HEADER || key == TRACEPARENT_HEADER || key == TRACESTATE_HEADER
 }
 
-/// The header pairs to send with `envelope`, in order.
-pub(crate) fn outgoing(envelope: &Envelope) -> Vec<(&str, &str)> {
-    let mut headers: Vec<(&str, &str)> = envelope
+/// The header pairs to send with `envelope`, in order. An iterator, not a
+/// list: the MQTT encoder walks it twice (sizes, then bytes) and allocates
+/// nothing for it.
+pub(crate) fn outgoing(envelope: &Envelope) -> impl Iterator<Item = (&str, &str)> + Clone {
+    let own = envelope
         .headers
         .iter()
         .filter(|(k, _)| !is_reserved(k))
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    headers.push((MESSAGE_ID_HEADER, envelope.id.as_str()));
-    if let Some(tp) = &envelope.trace.traceparent {
-        headers.push((TRACEPARENT_HEADER, tp));
-    }
-    if let Some(ts) = &envelope.trace.tracestate {
-        headers.push((TRACESTATE_HEADER, ts));
-    }
-    headers
+        .map(|(k, v)| (k.as_str(), v.as_str()));
+    let trace = [
+        (TRACEPARENT_HEADER, envelope.trace.traceparent.as_deref()),
+        (TRACESTATE_HEADER, envelope.trace.tracestate.as_deref()),
+    ];
+    own.chain(std::iter::once((MESSAGE_ID_HEADER, envelope.id.as_str())))
+        .chain(trace.into_iter().filter_map(|(k, v)| Some((k, v?))))
 }
 
 /// How long `envelope` has left at `now` (`None`: it never expires). An envelope whose expiry

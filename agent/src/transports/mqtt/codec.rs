@@ -9,7 +9,7 @@ use prost::bytes::{Bytes, BytesMut};
 use rumqttc::mqttbytes::v4;
 use rumqttc::v5::mqttbytes::v5;
 
-use super::protocol::{PublishRequest, Received, puback_error};
+use super::protocol::{Received, puback_error};
 use super::settings::Qos;
 use crate::transports::SendError;
 
@@ -111,37 +111,6 @@ impl Codec {
                     connect.set_login(u.as_str(), p.as_str());
                 }
                 write_v4(&v4::Packet::Connect(connect), buf, usize::MAX)
-            }
-        }
-    }
-
-    /// Appends a PUBLISH; an error (nothing appended) when it exceeds `max`.
-    pub fn publish(
-        self,
-        request: PublishRequest,
-        pkid: u16,
-        buf: &mut BytesMut,
-        max: u32,
-    ) -> Result<(), EncodeError> {
-        match self {
-            Codec::V5 => {
-                let publish = v5::Publish {
-                    dup: false,
-                    qos: qos_v5(request.qos),
-                    retain: request.retain,
-                    topic: Bytes::from(request.topic.into_bytes()),
-                    pkid,
-                    payload: request.payload,
-                    properties: Some(request.properties),
-                };
-                write_v5(&v5::Packet::Publish(publish), buf, Some(max))
-            }
-            Codec::V311 => {
-                let mut publish =
-                    v4::Publish::from_bytes(request.topic, qos_v4(request.qos), request.payload);
-                publish.retain = request.retain;
-                publish.pkid = pkid;
-                write_v4(&v4::Packet::Publish(publish), buf, max as usize)
             }
         }
     }
@@ -474,6 +443,7 @@ fn from_v4(qos: rumqttc::mqttbytes::QoS) -> Qos {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transports::mqtt::publish::Publish;
 
     #[test]
     fn a_non_utf8_string_is_a_malformed_packet_not_a_topic() {
@@ -491,39 +461,28 @@ mod tests {
         );
     }
 
-    /// Every packet the client writes decodes back (the broker's view), and
+    /// A publish the client writes decodes back (the broker's view), and
     /// half a packet is not a packet yet.
     #[test]
     fn packets_round_trip_and_partial_input_waits() {
+        let envelope = crate::stores::conformance::envelope("a");
+        let now = std::time::SystemTime::now();
         for codec in [Codec::V5, Codec::V311] {
-            let mut buf = BytesMut::new();
-            let request = PublishRequest {
-                topic: "a/b".into(),
-                qos: Qos::AtLeastOnce,
-                retain: false,
-                payload: Bytes::from_static(b"hello"),
-                properties: Default::default(),
+            let publish = match codec {
+                Codec::V5 => Publish::v5("a/b", Qos::AtLeastOnce, false, &envelope, now),
+                Codec::V311 => Publish::v311("a/b", Qos::AtLeastOnce, false, &envelope, now),
             };
-            assert!(codec.publish(request, 7, &mut buf, 1024).is_ok());
+            let mut buf = BytesMut::new();
+            publish.expect("a valid publish").write(7, &mut buf);
             let whole = buf.clone();
             let mut half = BytesMut::from(&whole[..whole.len() / 2]);
             assert!(matches!(codec.decode(&mut half, 1024), Ok(None)));
             match codec.decode(&mut buf, 1024) {
                 Ok(Some(Incoming::Publish(p))) => {
-                    assert_eq!((p.pkid, &p.payload[..]), (7, &b"hello"[..]));
+                    assert_eq!((p.pkid, &p.payload), (7, &envelope.payload));
                 }
                 other => panic!("{codec:?}: {other:?}"),
             }
-            assert!(buf.is_empty());
-            // Too large for the limit: nothing is appended.
-            let big = PublishRequest {
-                topic: "a".into(),
-                qos: Qos::AtLeastOnce,
-                retain: false,
-                payload: Bytes::from(vec![0; 200]),
-                properties: Default::default(),
-            };
-            assert!(codec.publish(big, 1, &mut buf, 128).is_err());
             assert!(buf.is_empty());
         }
     }

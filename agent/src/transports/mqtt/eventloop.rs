@@ -464,11 +464,13 @@ fn take_requests(
         .map_err(|e| e.0)?;
     }
     let window = connection.inflight.window;
+    let max = connection.max_outgoing as usize;
     while connection.write.len() < BATCH_BYTES {
-        let Some(qos) = requests.publishes.front().map(|p| p.qos) else {
+        let Some(front) = requests.publishes.front() else {
             break;
         };
-        let pkid = if qos == Qos::AtMostOnce {
+        let (qos, size) = (front.qos, front.len());
+        let pkid = if size > max || qos == Qos::AtMostOnce {
             0
         } else {
             match connection.inflight.allocate(Pending::Publish(qos), window) {
@@ -476,24 +478,20 @@ fn take_requests(
                 None => break,
             }
         };
-        let Some(request) = requests.publishes.pop_front() else {
+        let Some(publish) = requests.publishes.pop_front() else {
             break;
         };
-        match codec.publish(
-            request,
-            pkid,
-            &mut connection.write,
-            connection.max_outgoing,
-        ) {
-            Ok(()) => connection.written.push(Event::PublishWritten(pkid)),
-            Err(error) => {
-                connection.inflight.pending.remove(&pkid);
-                // Reported in order with the publishes written before it.
-                connection
-                    .written
-                    .push(Event::PublishFailed(SendError::Oversized(error.0)));
-            }
+        if size > max {
+            // Reported in order with the publishes written before it.
+            connection
+                .written
+                .push(Event::PublishFailed(SendError::Oversized(format!(
+                    "a publish of {size} bytes exceeds the maximum packet size of {max} bytes"
+                ))));
+            continue;
         }
+        publish.write(pkid, &mut connection.write);
+        connection.written.push(Event::PublishWritten(pkid));
     }
     drop(requests);
     if connection.write.is_empty() && !connection.written.is_empty() {

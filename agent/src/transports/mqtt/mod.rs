@@ -11,8 +11,10 @@
 //! - `eventloop` owns each session's socket and batches its writes (ADR 0008);
 //!   `protocol` is the request queue and the events between it and the
 //!   session; `codec` encodes and decodes packets of both versions on
-//!   rumqttc's `mqttbytes`; `properties` maps the envelope to and from v5
-//!   publish properties; `tls` builds the rustls configuration.
+//!   rumqttc's `mqttbytes`, except the publishes Ferry sends, which
+//!   `publish` encodes from the envelope; `properties` maps the properties of
+//!   a received publish to the envelope; `tls` builds the rustls
+//!   configuration.
 //!
 //! A session meant to receive should keep `clean_start` off with a session
 //! expiry, so the broker holds QoS 1 messages while the agent is down. Cancel a
@@ -24,6 +26,7 @@ mod eventloop;
 mod packet_ids;
 mod properties;
 mod protocol;
+mod publish;
 mod receiver;
 mod sender;
 mod session;

@@ -1,6 +1,6 @@
-//! Envelope ⇄ MQTT v5 publish properties.
+//! The envelope of a received publish, from its MQTT v5 properties.
 //!
-//! Incoming: every user property becomes a header, in order, except that a
+//! Every user property becomes a header, in order, except that a
 //! receiver that does not trust message ids (the default) drops every
 //! `ferry-*` one and gives the message a new UUIDv7 id. A receiver with
 //! `trust_message_id` (a hop from another Ferry agent) keeps them all and
@@ -12,9 +12,8 @@
 //! `traceparent` / `tracestate` become the trace context; content type and
 //! message expiry interval become `content_type` and `expires_at`.
 //!
-//! Outgoing: the headers minus the reserved keys, then `ferry-message-id` with
-//! the envelope id (always), then `traceparent` / `tracestate` from the trace
-//! context; content type; the *remaining* expiry as message expiry interval.
+//! The way back, from an envelope to the properties of a publish Ferry sends,
+//! is `publish`.
 
 use std::time::{Duration, SystemTime};
 
@@ -22,13 +21,11 @@ use ferry_shared::envelope::{
     Envelope, MESSAGE_ID_HEADER, RESERVED_HEADER_PREFIX, Source, TraceContext,
 };
 use prost::bytes::Bytes;
-use rumqttc::v5::mqttbytes::v5::PublishProperties;
 
 use super::protocol::Received;
-use crate::transports::{Defect, SendError};
+use crate::transports::Defect;
 
 pub use crate::transports::headers::{TRACEPARENT_HEADER, TRACESTATE_HEADER};
-use crate::transports::headers::{outgoing, remaining};
 
 /// Builds the envelope of a received publish, and its defect if it cannot be
 /// forwarded as it is.
@@ -99,47 +96,10 @@ pub(crate) fn envelope_from(
     (envelope, defect)
 }
 
-/// The v5 publish properties of an outgoing envelope. An envelope whose expiry
-/// has passed is a permanent error: it can never be delivered in time.
-pub(crate) fn properties_for(
-    envelope: &Envelope,
-    now: SystemTime,
-) -> Result<PublishProperties, SendError> {
-    let user_properties = outgoing(envelope)
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-    // Round up, so a message is never cut shorter than it had left.
-    let message_expiry_interval = remaining(envelope, now)?.map(|left| {
-        let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
-        u32::try_from(secs).unwrap_or(u32::MAX)
-    });
-    Ok(PublishProperties {
-        user_properties,
-        content_type: envelope.content_type.clone(),
-        message_expiry_interval,
-        ..PublishProperties::default()
-    })
-}
-
-/// An upper bound of the encoded size of a publish (fixed header, topic,
-/// packet id, properties, payload), to refuse what the broker would refuse
-/// before it reaches the connection (an oversized write closes it).
-pub(crate) fn publish_size(topic: &str, payload: usize, properties: &PublishProperties) -> usize {
-    let strings = |s: &Option<String>| s.as_ref().map_or(0, |s| 3 + s.len());
-    let props: usize = properties
-        .user_properties
-        .iter()
-        .map(|(k, v)| 5 + k.len() + v.len())
-        .sum::<usize>()
-        + strings(&properties.content_type)
-        + properties.message_expiry_interval.map_or(0, |_| 5);
-    // 5: fixed header; 2 + topic; 2: packet id; 4: property length.
-    5 + 2 + topic.len() + 2 + 4 + props + payload
-}
-
 #[cfg(test)]
 mod tests {
+    use rumqttc::v5::mqttbytes::v5::PublishProperties;
+
     use super::*;
     use crate::transports::mqtt::settings::Qos;
 
@@ -200,17 +160,6 @@ mod tests {
         assert_eq!(e.source.address, "sensors/1");
         assert_eq!(e.source.session_id, "in");
         assert_eq!(e.source.received_at, now);
-
-        // And back out: reserved keys written once, from the envelope fields.
-        let out = properties_for(&e, now + Duration::from_millis(500)).unwrap_or_default();
-        let keys: Vec<&str> = out
-            .user_properties
-            .iter()
-            .map(|(k, _)| k.as_str())
-            .collect();
-        assert_eq!(keys, ["b", "a", "b", MESSAGE_ID_HEADER, TRACEPARENT_HEADER]);
-        assert_eq!(out.message_expiry_interval, Some(60));
-        assert_eq!(out.content_type.as_deref(), Some("application/json"));
     }
 
     #[test]
@@ -258,13 +207,5 @@ mod tests {
         let (e, defect) = envelope_from(bad, "in", 1024, false, now);
         assert!(matches!(defect, Some(Defect::InvalidTopic(_))));
         assert!(e.source.address.starts_with("a/"));
-    }
-
-    #[test]
-    fn an_expired_envelope_is_not_sent() {
-        let now = SystemTime::now();
-        let (mut e, _) = envelope_from(received(None), "in", 1024, false, now);
-        e.expires_at = Some(now);
-        assert!(properties_for(&e, now).is_err_and(|e| e.is_permanent()));
     }
 }

@@ -15,6 +15,7 @@ use prost::bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::{PubAckReason, PublishProperties};
 use tokio::sync::Notify;
 
+use super::publish::Publish;
 use super::settings::Qos;
 use crate::transports::SendError;
 
@@ -65,17 +66,6 @@ pub(crate) enum Event {
     DisconnectSent,
 }
 
-/// A publish waiting for the event loop.
-#[derive(Debug)]
-pub(crate) struct PublishRequest {
-    pub topic: String,
-    pub qos: Qos,
-    pub retain: bool,
-    pub payload: Bytes,
-    /// Written for v5 only.
-    pub properties: PublishProperties,
-}
-
 /// Any other request.
 #[derive(Debug)]
 pub(crate) enum Control {
@@ -91,7 +81,7 @@ pub(crate) enum Control {
 /// The requests not yet taken by the event loop, in request order.
 #[derive(Debug, Default)]
 pub(crate) struct Requests {
-    pub publishes: VecDeque<PublishRequest>,
+    pub publishes: VecDeque<Publish>,
     pub control: VecDeque<Control>,
 }
 
@@ -112,33 +102,19 @@ pub(crate) struct Client {
 #[derive(Debug)]
 pub(crate) struct QueueFull;
 
-/// A publish the request queue did not take, with its properties handed back
-/// for the next try (so a send builds them once, not once per try). Boxed:
-/// the error path is rare, the `Result` small.
+/// A publish the request queue did not take, handed back for the next try
+/// (so a send encodes it once, not once per try).
 #[derive(Debug)]
-pub(crate) struct PublishNotQueued(pub Option<Box<PublishProperties>>);
+pub(crate) struct PublishNotQueued(pub Publish);
 
 impl Client {
-    pub fn try_publish(
-        &self,
-        topic: &str,
-        qos: Qos,
-        retain: bool,
-        payload: Bytes,
-        properties: PublishProperties,
-    ) -> Result<(), PublishNotQueued> {
+    pub fn try_publish(&self, publish: Publish) -> Result<(), PublishNotQueued> {
         {
             let mut requests = self.lock();
             if requests.publishes.len() >= REQUEST_QUEUE {
-                return Err(PublishNotQueued(Some(Box::new(properties))));
+                return Err(PublishNotQueued(publish));
             }
-            requests.publishes.push_back(PublishRequest {
-                topic: topic.to_owned(),
-                qos,
-                retain,
-                payload,
-                properties,
-            });
+            requests.publishes.push_back(publish);
         }
         self.shared.wake.notify_one();
         Ok(())
@@ -248,28 +224,25 @@ mod tests {
     #[test]
     fn full_queues_hand_the_request_back_and_a_loss_empties_them() {
         let client = Client::default();
+        let publish = || {
+            let e = crate::stores::conformance::envelope("a");
+            Publish::v5(
+                "t",
+                Qos::AtLeastOnce,
+                false,
+                &e,
+                std::time::SystemTime::now(),
+            )
+            .expect("a valid publish")
+        };
         for _ in 0..REQUEST_QUEUE {
-            assert!(
-                client
-                    .try_publish(
-                        "t",
-                        Qos::AtLeastOnce,
-                        false,
-                        Bytes::new(),
-                        Default::default()
-                    )
-                    .is_ok()
-            );
+            assert!(client.try_publish(publish()).is_ok());
             assert!(client.try_ack(1, Qos::AtLeastOnce).is_ok());
         }
-        let full = client.try_publish(
-            "t",
-            Qos::AtLeastOnce,
-            false,
-            Bytes::new(),
-            Default::default(),
-        );
-        assert!(matches!(full, Err(PublishNotQueued(Some(_)))));
+        assert!(matches!(
+            client.try_publish(publish()),
+            Err(PublishNotQueued(_))
+        ));
         assert!(client.try_disconnect().is_err());
         client.discard_unsent();
         let requests = client.lock();

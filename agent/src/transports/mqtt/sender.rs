@@ -24,13 +24,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use ferry_shared::envelope::Envelope;
-use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use tokio::sync::{Notify, oneshot, watch};
 use tokio::time::{Instant, timeout_at};
 
 use super::packet_ids::PacketIdMap;
-use super::properties::{properties_for, publish_size};
 use super::protocol::{Client, PublishNotQueued};
+use super::publish::Publish;
 use super::settings::{MqttSenderSettings, Protocol, topic_problem};
 use crate::transports::{Address, SendError, SendFuture, Sender};
 
@@ -157,21 +156,14 @@ impl MqttSender {
         if let Some(problem) = topic_problem(topic) {
             return Err(SendError::Permanent(format!("{problem}: {topic:?}")));
         }
-        let build_properties = || match self.protocol {
-            Protocol::V5 => properties_for(envelope, SystemTime::now()),
-            Protocol::V311 => {
-                if envelope.is_expired(SystemTime::now()) {
-                    return Err(SendError::Permanent(
-                        "the message expired before it was sent".into(),
-                    ));
-                }
-                Ok(PublishProperties::default())
-            }
+        let now = SystemTime::now();
+        let (qos, retain) = (self.settings.qos, self.settings.retain);
+        // Encoded once; a full request queue hands it back for the next try.
+        let mut publish = match self.protocol {
+            Protocol::V5 => Publish::v5(topic, qos, retain, envelope, now)?,
+            Protocol::V311 => Publish::v311(topic, qos, retain, envelope, now)?,
         };
-        let first = build_properties()?;
-        let size = publish_size(topic, envelope.payload.len(), &first);
-        // Built once; a full request queue hands them back for the next try.
-        let mut properties = Some(first);
+        let size = publish.len();
         let outcome = loop {
             let progress = self.shared.progress.notified();
             tokio::pin!(progress);
@@ -188,27 +180,17 @@ impl MqttSender {
                 }
                 if size > outbound.max_packet {
                     return Err(SendError::Oversized(format!(
-                        "a publish of about {size} bytes exceeds the maximum packet size of {} bytes",
+                        "a publish of {size} bytes exceeds the maximum packet size of {} bytes",
                         outbound.max_packet
                     )));
                 }
-                let this_try = match properties.take() {
-                    Some(p) => p,
-                    None => build_properties()?,
-                };
-                match self.client.try_publish(
-                    topic,
-                    self.settings.qos,
-                    self.settings.retain,
-                    envelope.payload.clone(),
-                    this_try,
-                ) {
+                match self.client.try_publish(publish) {
                     Ok(()) => {
                         let (tx, rx) = oneshot::channel();
                         outbound.queued.push_back(tx);
                         break rx;
                     }
-                    Err(PublishNotQueued(returned)) => properties = returned.map(|p| *p),
+                    Err(PublishNotQueued(returned)) => publish = returned,
                 }
             }
             // The request queue is full: wait for the loop to take some.
