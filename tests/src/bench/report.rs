@@ -102,13 +102,15 @@ pub fn runs_table(runs: &[RunResult]) -> String {
         if let Some(rss) = run.rss {
             let _ = writeln!(
                 out,
-                "{:<34} {:>6} agent RSS peak {:.1} MiB (sampled VmRSS {:.1} MiB, VmHWM {})",
+                "{:<34} {:>6} agent RSS peak {:.1} MiB (sampled VmRSS {:.1} MiB, VmHWM {}; \
+                 anonymous {:.1} MiB)",
                 run.spec.label(),
                 run.spec.pace_label(),
                 mib(rss.peak_bytes()),
                 mib(rss.sampled_peak_kib * 1024),
                 rss.hwm_kib
                     .map_or("-".to_owned(), |kib| format!("{:.1} MiB", mib(kib * 1024))),
+                mib(rss.anon_peak_kib * 1024),
             );
         }
         if let Some(cpu) = run.cpu {

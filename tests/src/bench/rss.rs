@@ -4,6 +4,12 @@
 //! largest value; [`RssSampler::finish`] adds the kernel's own peak, `VmHWM`, read while the
 //! process still runs. `VmHWM` covers the whole life of the process, so it also catches a peak
 //! between two samples.
+//!
+//! It keeps the largest `RssAnon` too: the part of the resident set that is the process's own
+//! memory (heap, stacks, SQLite's cache). The rest is mostly the pages of the agent's binary
+//! that the kernel mapped around the code it ran (clean, shared, given back under pressure):
+//! about as large again for the agent, and it moves between builds and runs of one build
+//! (`docs/benchmarks.md`, issue 15).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +27,8 @@ pub struct Rss {
     pub sampled_peak_kib: u64,
     /// `VmHWM` at the end of the run (peak resident set over the process's life).
     pub hwm_kib: Option<u64>,
+    /// The largest `RssAnon` sampled.
+    pub anon_peak_kib: u64,
 }
 
 impl Rss {
@@ -34,6 +42,7 @@ impl Rss {
 pub struct RssSampler {
     pid: u32,
     peak_kib: Arc<AtomicU64>,
+    anon_peak_kib: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
 
@@ -41,38 +50,49 @@ impl RssSampler {
     /// Starts sampling `pid`; sampling stops by itself when the process is gone.
     pub fn start(pid: u32) -> Self {
         let peak_kib = Arc::new(AtomicU64::new(0));
-        let peak = Arc::clone(&peak_kib);
+        let anon_peak_kib = Arc::new(AtomicU64::new(0));
+        let (peak, anon_peak) = (Arc::clone(&peak_kib), Arc::clone(&anon_peak_kib));
         let task = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(SAMPLE_INTERVAL);
             loop {
                 ticks.tick().await;
-                match status_kib(pid, "VmRSS") {
-                    Some(kib) => {
-                        peak.fetch_max(kib, Ordering::Relaxed);
-                    }
-                    None => return,
+                if !sample(pid, &peak, &anon_peak) {
+                    return;
                 }
             }
         });
         Self {
             pid,
             peak_kib,
+            anon_peak_kib,
             task,
         }
     }
 
     /// Stops sampling and returns the peaks; call it while the process still runs.
     pub fn finish(self) -> Rss {
-        if let Some(kib) = status_kib(self.pid, "VmRSS") {
-            self.peak_kib.fetch_max(kib, Ordering::Relaxed);
-        }
+        sample(self.pid, &self.peak_kib, &self.anon_peak_kib);
         let hwm_kib = status_kib(self.pid, "VmHWM");
         self.task.abort();
         Rss {
             sampled_peak_kib: self.peak_kib.load(Ordering::Relaxed),
             hwm_kib,
+            anon_peak_kib: self.anon_peak_kib.load(Ordering::Relaxed),
         }
     }
+}
+
+/// Raises the peaks by one reading of `/proc/{pid}/status`; false once the process is gone.
+fn sample(pid: u32, peak_kib: &AtomicU64, anon_peak_kib: &AtomicU64) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    for (field, peak) in [("VmRSS", peak_kib), ("RssAnon", anon_peak_kib)] {
+        if let Some(kib) = parse_status_kib(&status, field) {
+            peak.fetch_max(kib, Ordering::Relaxed);
+        }
+    }
+    true
 }
 
 impl Drop for RssSampler {
@@ -100,8 +120,10 @@ mod tests {
 
     #[test]
     fn status_fields_parse() {
-        let status = "Name:\tferry-agent\nVmHWM:\t   23456 kB\nVmRSS:\t   12345 kB\n";
+        let status =
+            "Name:\tferry-agent\nVmHWM:\t   23456 kB\nVmRSS:\t   12345 kB\nRssAnon:\t    6789 kB\n";
         assert_eq!(parse_status_kib(status, "VmRSS"), Some(12345));
+        assert_eq!(parse_status_kib(status, "RssAnon"), Some(6789));
         assert_eq!(parse_status_kib(status, "VmHWM"), Some(23456));
         assert_eq!(parse_status_kib(status, "VmSwap"), None);
     }
