@@ -238,6 +238,12 @@ impl EventLoop {
         }
     }
 
+    /// An event already decoded, if any; never waits, reads or writes (the
+    /// session handles every ready event before it flushes and wakes once).
+    pub fn ready(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
     /// After a connection loss: drops the requests still queued (see
     /// [`Client::discard_unsent`]).
     pub fn discard_unsent(&self) {

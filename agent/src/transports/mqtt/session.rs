@@ -220,16 +220,23 @@ impl EventTask {
                 polled = self.eventloop.poll() => polled,
             };
             match polled {
-                Ok(event) => {
-                    if let Event::Connected { .. } = event {
-                        if ever_connected {
-                            self.reconnects.fetch_add(1, Ordering::Relaxed);
+                Ok(first) => {
+                    // Every event the loop has ready is handled before the
+                    // acks are flushed and the senders woken, once: per
+                    // event, that cost about as much as handling it.
+                    let mut next = Some(first);
+                    while let Some(event) = next {
+                        if let Event::Connected { .. } = event {
+                            if ever_connected {
+                                self.reconnects.fetch_add(1, Ordering::Relaxed);
+                            }
+                            ever_connected = true;
+                            connected_at = Some(Instant::now());
+                            self.disconnect_sent = false;
                         }
-                        ever_connected = true;
-                        connected_at = Some(Instant::now());
-                        self.disconnect_sent = false;
+                        self.handle(event);
+                        next = self.eventloop.ready();
                     }
-                    self.handle(event);
                     if let Some(feed) = &mut self.feed {
                         feed.flush();
                     }
