@@ -14,8 +14,9 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use ferry_shared::api::v1 as pb;
 use ferry_tests::agent::Agent;
-use ferry_tests::mqtt::{QoS, parse_seq};
+use ferry_tests::mqtt::{Collector, QoS, parse_seq};
 use ferry_tests::mysql::TestMysql;
 use ferry_tests::nats::TestStream;
 use ferry_tests::proxy::TcpProxy;
@@ -25,7 +26,7 @@ use ferry_tests::{
 };
 use mysql_async::prelude::Queryable;
 
-use crate::agent_support::quiesced;
+use crate::agent_support::{dlq_client, quiesced};
 use ferry_tests::agent::BindingCounts;
 
 const DELIVERY: Duration = Duration::from_secs(60);
@@ -78,8 +79,8 @@ impl TableSource {
     }
 }
 
-/// A bridge from a private Mosquitto (`{run}/in`), or from an outbox table, to one RabbitMQ or
-/// NATS session.
+/// A bridge from a private Mosquitto (`{run}/in`), or from an outbox table, to one RabbitMQ,
+/// NATS or MQTT session.
 struct Relay {
     run: String,
     mqtt: String,
@@ -87,7 +88,7 @@ struct Relay {
     table: Option<TableSource>,
     /// A `direct_hold` route (one binding) instead of `shared_outbox`.
     direct_hold: bool,
-    /// `rabbitmq` or `nats`.
+    /// `rabbitmq`, `nats` or `mqtt`.
     transport: &'static str,
     url: String,
     /// `(binding id, address)`.
@@ -170,11 +171,19 @@ impl Relay {
                 ),
             ),
         };
+        let destination = if self.transport == "mqtt" {
+            format!(
+                "broker_url: {}\n        client_id: {}-out\n",
+                self.url, self.run
+            )
+        } else {
+            format!("url: {}\n", self.url)
+        };
         let mut y = format!(
             "bridge:\n  id: e2e\n\
              sessions:\n\
              {source}\
-             \x20 - id: dst\n    transport: {transport}\n    options:\n      session:\n        url: {url}\n\
+             \x20 - id: dst\n    transport: {transport}\n    options:\n      session:\n        {destination}\
              stores:\n\
              \x20 outbox:\n    type: sqlite\n    options:\n      path: {dir}/outbox.db\n\
              \x20 lease:\n    type: sqlite\n    options:\n      path: {dir}/lease.db\n\
@@ -183,7 +192,6 @@ impl Relay {
              senders:\n  - id: out\n    session_id: dst\n\
              bindings:\n",
             transport = self.transport,
-            url = self.url,
         );
         for (id, address) in &self.bindings {
             let _ = writeln!(
@@ -1338,5 +1346,92 @@ async fn postgres_headers_column_becomes_amqp_headers_and_a_malformed_one_is_dea
         .get(0);
     assert_eq!(retries, 0, "dead-lettered without retries");
     queue.delete().await;
+    Ok(())
+}
+
+/// A header MQTT cannot carry — a value of 70 000 bytes from the table's `headers` column, past
+/// the 65 535 of an MQTT string — makes its row's send a permanent error that names the header:
+/// the row is dead-lettered at once and marked sent, and the rest arrive on one connection.
+/// (rumqttc's encoder wrapped such a length, and the broker closed the connection on the
+/// malformed packet, at every retry.)
+#[tokio::test]
+async fn a_header_too_long_for_mqtt_is_dead_lettered_and_the_rest_arrive() -> anyhow::Result<()> {
+    const N: i64 = 10;
+    const BAD: i64 = 4;
+    let db = TestDatabase::create().await?;
+    let app = db.connect().await?;
+    app.batch_execute(OUTBOX_DDL).await?;
+    app.batch_execute("ALTER TABLE outbox ADD COLUMN headers jsonb")
+        .await?;
+    app.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event, payload, headers)
+         SELECT 'orders', 'a' || (i % 2), 'created', to_json(i),
+                CASE WHEN i = $2 THEN jsonb_build_object('big', repeat('x', 70000))
+                     ELSE jsonb_build_object('tenant', 't' || i) END
+         FROM generate_series(0, $1::bigint - 1) AS i",
+        &[&N, &BAD],
+    )
+    .await?;
+    let broker = Mosquitto::start().await?;
+    let topic = format!("{}/out", ids::unique("e2e"));
+    let collector = Collector::start(
+        &broker.url(),
+        &ids::unique("collector"),
+        &topic,
+        QoS::AtLeastOnce,
+    )
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let relay = Relay::from_table(
+        TableSource {
+            receiver_extra: "    columns:\n      headers: headers\n".into(),
+            ..TableSource::postgres(&db)
+        },
+        "mqtt",
+        broker.url(),
+        vec![("out".into(), topic.clone())],
+        dir.path(),
+    );
+    let agent = relay.start_agent().await?;
+    let n = u64::try_from(N)?;
+    let counts = finished(&agent, &relay, n).await?;
+    assert_eq!((counts[0].sent, counts[0].dead_lettered), (n - 1, 1));
+    let bad = u64::try_from(BAD)?;
+    let deadline = tokio::time::Instant::now() + DELIVERY;
+    let got = loop {
+        let got = collector.counts();
+        if got.missing(&topic, 0..n) == [bad] || tokio::time::Instant::now() > deadline {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        got.missing(&topic, 0..n),
+        [bad],
+        "only the bad row is missing"
+    );
+    let reconnects = agent
+        .metrics()?
+        .session("ferry_session_reconnects_total", "dst");
+    assert_eq!(reconnects, 0.0, "the destination's connection stayed up");
+    let listed = dlq_client(&agent)
+        .await?
+        .list_dlq_entries(pb::ListDlqEntriesRequest {
+            page_size: 10,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let [entry] = listed.entries.as_slice() else {
+        anyhow::bail!("one DLQ entry expected: {listed:?}");
+    };
+    assert_eq!(entry.reason, pb::DlqReason::PermanentError as i32);
+    assert!(
+        entry
+            .last_error
+            .contains("the value of header \"big\" is 70000 bytes"),
+        "{entry:?}"
+    );
+    all_rows_sent(&app).await?;
     Ok(())
 }
