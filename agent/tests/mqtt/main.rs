@@ -452,6 +452,44 @@ async fn a_send_resolves_on_puback_and_fails_transient_while_the_broker_is_down(
     assert!(matches!(after, Err(SendError::Transient(_))), "{after:?}");
 }
 
+/// More sends at once than the session's request queue holds (1 024): those that find it full
+/// wait for the event loop to take some, woken when the session has handled a batch of events,
+/// and every one resolves, in order on the wire, on one connection.
+#[tokio::test]
+async fn more_sends_at_once_than_the_request_queue_holds_all_resolve_in_order() {
+    const N: usize = 3_000;
+    let broker = Mosquitto::start().await.unwrap();
+    let shutdown = CancellationToken::new();
+    let mut settings = session_settings(&broker, "tx-many");
+    settings.clean_start = true;
+    let session = MqttSession::start(settings, shutdown.clone()).unwrap();
+    wait_connected(&mut session.connected(), true).await;
+    let sender = session.sender(MqttSenderSettings {
+        send_timeout: Duration::from_secs(30),
+        ..MqttSenderSettings::default()
+    });
+    let mut consumer = TestClient::connect(&broker, "sub-many", Some("many/#")).await;
+    let to = Address::new("many/a");
+    let envelopes: Vec<Envelope> = (0..N)
+        .map(|i| envelope(&format!("m-{i}"), &i.to_string()))
+        .collect();
+    let sends = futures::future::join_all(envelopes.iter().map(|e| sender.send(e, &to)));
+    let results = tokio::time::timeout(Duration::from_secs(60), sends)
+        .await
+        .expect("every send resolves");
+    assert!(
+        results.iter().all(Result::is_ok),
+        "{:?}",
+        results.iter().find(|r| r.is_err())
+    );
+    for i in 0..N {
+        assert_eq!(consumer.next().await.payload, Bytes::from(i.to_string()));
+    }
+    assert_eq!(session.reconnects(), 0);
+    shutdown.cancel();
+    session.stopped().await;
+}
+
 #[tokio::test]
 async fn mqtt_3_1_1_receives_and_sends() {
     let broker = Mosquitto::start().await.unwrap();

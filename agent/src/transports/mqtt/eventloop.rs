@@ -301,8 +301,12 @@ impl EventLoop {
             self.pubrel_owed.clear();
         }
         self.connection = Some(connection);
-        // The broker may have sent more right behind the CONNACK.
-        self.decode_all()?;
+        // The broker may have sent more right behind the CONNACK. A
+        // connection that fails to decode it is gone like any other.
+        if let Err(error) = self.decode_all() {
+            self.connection = None;
+            return Err(error);
+        }
         Ok(Event::Connected {
             session_present: connack.session_present,
             max_packet_size: connack.max_packet_size,
@@ -370,6 +374,11 @@ impl EventLoop {
         };
         if !connection.read_due && !connection.closing {
             take_requests(&self.client, self.codec, connection, &mut self.events)?;
+            if connection.write.is_empty() && !self.events.is_empty() {
+                // Only publishes refused for their size: report them now,
+                // not after the next read.
+                return Ok(());
+            }
         }
         if !connection.write.is_empty() {
             write_out(connection).await?;
@@ -603,7 +612,84 @@ fn on_incoming(
 
 #[cfg(test)]
 mod tests {
+    use std::time::SystemTime;
+
+    use prost::bytes::Bytes;
+
     use super::*;
+    use crate::transports::mqtt::publish::Publish;
+
+    /// A connection whose socket is never used: `take_requests` only encodes.
+    fn connection(max_outgoing: u32, window: u16) -> Connection {
+        let (ours, _theirs) = tokio::io::duplex(64);
+        Connection {
+            stream: Box::new(ours),
+            read: BytesMut::new(),
+            write: BytesMut::new(),
+            written: Vec::new(),
+            inflight: Inflight::new(window),
+            max_outgoing,
+            keep_alive: None,
+            last_write: Instant::now(),
+            ping_sent: None,
+            read_due: false,
+            closing: false,
+        }
+    }
+
+    /// The senders match "written" and "failed" events to their waiters in
+    /// request order, so a publish refused for its size is reported in its
+    /// place, and it takes no packet id.
+    #[test]
+    fn refused_publishes_are_reported_in_order_and_take_no_packet_id() {
+        let client = Client::default();
+        let small = crate::stores::conformance::envelope("a");
+        let now = SystemTime::now();
+        let size = |e| Publish::v5("t", Qos::AtLeastOnce, false, e, now).map(|p| p.len());
+        let max = size(&small).expect("valid") + 10;
+        let mut big = small.clone();
+        big.payload = Bytes::from(vec![0; max]);
+        for (qos, e) in [
+            (Qos::AtLeastOnce, &small),
+            (Qos::AtLeastOnce, &big),
+            (Qos::AtMostOnce, &small),
+            (Qos::AtMostOnce, &big),
+            (Qos::ExactlyOnce, &small),
+        ] {
+            let publish = Publish::v5("t", qos, false, e, now).expect("valid");
+            assert!(client.try_publish(publish).is_ok());
+        }
+        let mut c = connection(u32::try_from(max).expect("small"), 10);
+        let mut events = VecDeque::new();
+        assert!(take_requests(&client, Codec::V5, &mut c, &mut events).is_ok());
+        let written: Vec<String> = c
+            .written
+            .iter()
+            .map(|e| match e {
+                Event::PublishWritten(pkid) => format!("written {pkid}"),
+                Event::PublishFailed(SendError::Oversized(_)) => "oversized".into(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            written,
+            [
+                "written 1",
+                "oversized",
+                "written 0",
+                "oversized",
+                "written 2"
+            ]
+        );
+        assert_eq!(c.inflight.pending.len(), 2, "ids 1 and 2 only");
+        assert!(events.is_empty(), "reported once written");
+        // The buffer holds the three publishes, in order.
+        let mut ids = Vec::new();
+        while let Ok(Some(Incoming::Publish(p))) = Codec::V5.decode(&mut c.write, u32::MAX) {
+            ids.push(p.pkid);
+        }
+        assert_eq!((ids, c.write.len()), (vec![1, 0, 2], 0));
+    }
 
     #[test]
     fn ids_cycle_through_the_window_and_are_not_reused_in_flight() {
