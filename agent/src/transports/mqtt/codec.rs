@@ -215,11 +215,24 @@ impl Codec {
             return Ok(None);
         }
         match self {
-            Codec::V5 => match v5::Packet::read(buf, Some(max)) {
-                Ok(packet) => Ok(Some(incoming_v5(packet))),
-                Err(rumqttc::v5::mqttbytes::Error::InsufficientBytes(_)) => Ok(None),
-                Err(error) => Err(decode_error_v5(&error)),
-            },
+            Codec::V5 => {
+                // Only a frame not yet whole is waited for. rumqttc's parser
+                // takes the frame off the buffer before it parses it, so its
+                // running out of bytes after that is a malformed packet, not a
+                // short read: waiting would drop the packet without a word.
+                let frame = match v5::check(buf.iter(), Some(max)) {
+                    Ok(header) => header.frame_length(),
+                    Err(rumqttc::v5::mqttbytes::Error::InsufficientBytes(_)) => return Ok(None),
+                    Err(error) => return Err(decode_error_v5(&error)),
+                };
+                if let Some(reason) = short_disconnect(buf, frame) {
+                    return Ok(Some(Incoming::Disconnect(reason)));
+                }
+                match v5::Packet::read(buf, Some(max)) {
+                    Ok(packet) => Ok(Some(incoming_v5(packet))),
+                    Err(error) => Err(decode_error_v5(&error)),
+                }
+            }
             Codec::V311 => match v4::Packet::read(buf, max as usize) {
                 Ok(packet) => Ok(Some(incoming_v4(packet))),
                 Err(rumqttc::mqttbytes::Error::InsufficientBytes(_)) => Ok(None),
@@ -227,6 +240,22 @@ impl Codec {
             },
         }
     }
+}
+
+/// A v5 DISCONNECT of `frame` bytes at the head of `buf` without properties
+/// — no reason code (normal disconnection) or only one, as Mosquitto sends
+/// it — taken off the buffer, with its reason. rumqttc refuses the first and
+/// cannot parse the second (MQTT v5 §3.14.2.1 allows both).
+fn short_disconnect(buf: &mut BytesMut, frame: usize) -> Option<String> {
+    if buf.first() != Some(&0xe0) || frame > 3 {
+        return None;
+    }
+    let packet = buf.split_to(frame);
+    let code = packet.get(2).copied().unwrap_or(0);
+    Some(match v5::DisconnectReasonCode::try_from(code) {
+        Ok(reason) => format!("{reason:?}"),
+        Err(_) => format!("reason code 0x{code:02X}"),
+    })
 }
 
 fn write_v5(packet: &v5::Packet, buf: &mut BytesMut, max: Option<u32>) -> Result<(), EncodeError> {
@@ -459,6 +488,48 @@ mod tests {
         assert!(
             decode_error_v4(&rumqttc::mqttbytes::Error::TopicNotUtf8).contains("topic or property")
         );
+    }
+
+    /// A DISCONNECT without properties, as Mosquitto sends it (reason code
+    /// only) or with nothing at all, is the broker's DISCONNECT with its
+    /// reason; one with properties still goes through rumqttc.
+    #[test]
+    fn short_disconnects_carry_their_reason() {
+        let cases: [(&[u8], &str); 4] = [
+            (&[0xe0, 0x00], "NormalDisconnection"),
+            (&[0xe0, 0x01, 0x8e], "SessionTakenOver"),
+            (&[0xe0, 0x01, 0x8b], "ServerShuttingDown"),
+            (&[0xe0, 0x02, 0x8b, 0x00], "ServerShuttingDown"),
+        ];
+        for (bytes, reason) in cases {
+            let mut buf = BytesMut::from(bytes);
+            buf.extend_from_slice(&[0xd0, 0x00]); // a PINGRESP behind it
+            match Codec::V5.decode(&mut buf, 1024) {
+                Ok(Some(Incoming::Disconnect(r))) => assert_eq!(r, reason, "{bytes:?}"),
+                other => panic!("{bytes:?}: {other:?}"),
+            }
+            assert!(matches!(
+                Codec::V5.decode(&mut buf, 1024),
+                Ok(Some(Incoming::PingResp))
+            ));
+        }
+        // Half a DISCONNECT waits for the rest.
+        assert!(matches!(
+            Codec::V5.decode(&mut BytesMut::from(&[0xe0, 0x01][..]), 1024),
+            Ok(None)
+        ));
+    }
+
+    /// A whole frame rumqttc cannot parse is a malformed packet: it is not
+    /// waited for (the frame is already off the buffer).
+    #[test]
+    fn a_whole_frame_that_cannot_be_parsed_is_malformed() {
+        // A SUBACK of remaining length 1: its packet id is cut short.
+        let mut buf = BytesMut::from(&[0x90, 0x01, 0x00][..]);
+        assert!(matches!(
+            Codec::V5.decode(&mut buf, 1024),
+            Err(e) if e.starts_with("the broker sent a malformed packet")
+        ));
     }
 
     /// A publish the client writes decodes back (the broker's view), and

@@ -158,6 +158,9 @@ pub(crate) struct EventLoop {
     max_outgoing: u32,
     connection: Option<Connection>,
     events: VecDeque<Event>,
+    /// Why the connection ended, reported once the events decoded before
+    /// the end are (see [`EventLoop::poll`]).
+    failed: Option<String>,
     /// Our QoS 2 publishes the broker PUBREC'd and has not PUBCOMP'd: the
     /// broker's session holds their ids until our PUBREL, on this connection
     /// or the next resumed one.
@@ -215,6 +218,7 @@ pub(crate) fn create(
         max_outgoing: settings.max_packet_bytes,
         connection: None,
         events: VecDeque::new(),
+        failed: None,
         pubrel_owed: BTreeSet::new(),
     };
     Ok((client, eventloop))
@@ -222,18 +226,26 @@ pub(crate) fn create(
 
 impl EventLoop {
     /// The next event; an error means the connection is gone (the next poll
-    /// connects again).
+    /// connects again). What was decoded before a connection ended is
+    /// reported before its end: a publish received on it is handled while
+    /// its acknowledgement still belongs to that connection (after the end,
+    /// the receiver would queue it for the next connection, under a packet
+    /// id the broker may have given to another message), and a PUBACK read
+    /// before it still resolves its send.
     pub async fn poll(&mut self) -> Result<Event, String> {
         loop {
             if let Some(event) = self.events.pop_front() {
                 return Ok(event);
+            }
+            if let Some(error) = self.failed.take() {
+                return Err(error);
             }
             if self.connection.is_none() {
                 return self.connect().await;
             }
             if let Err(error) = self.turn().await {
                 self.connection = None;
-                return Err(error);
+                self.failed = Some(error);
             }
         }
     }
@@ -302,9 +314,11 @@ impl EventLoop {
         }
         self.connection = Some(connection);
         // The broker may have sent more right behind the CONNACK. A
-        // connection that fails to decode it is gone like any other.
+        // connection that fails to decode it is gone before it was reported
+        // connected: nothing of it is reported (a publish on it comes again).
         if let Err(error) = self.decode_all() {
             self.connection = None;
+            self.events.clear();
             return Err(error);
         }
         Ok(Event::Connected {
@@ -615,6 +629,7 @@ mod tests {
     use std::time::SystemTime;
 
     use prost::bytes::Bytes;
+    use tokio::net::TcpListener;
 
     use super::*;
     use crate::transports::mqtt::publish::Publish;
@@ -689,6 +704,90 @@ mod tests {
             ids.push(p.pkid);
         }
         assert_eq!((ids, c.write.len()), (vec![1, 0, 2], 0));
+    }
+
+    /// A broker that answers the CONNECT with `writes`, each in one write,
+    /// 50 ms apart, and then keeps the socket open until the test ends.
+    async fn fake_broker(
+        writes: Vec<Vec<rumqttc::v5::mqttbytes::v5::Packet>>,
+    ) -> (u16, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let port = listener.local_addr().expect("bound").port();
+        let task = tokio::spawn(async move {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut connect = [0u8; 256];
+            let _ = socket.read(&mut connect).await;
+            for packets in writes {
+                let mut out = BytesMut::new();
+                for packet in &packets {
+                    packet.write(&mut out, None).expect("encodable");
+                }
+                let _ = socket.write_all(&out).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let _ = socket.read(&mut connect).await;
+        });
+        (port, task)
+    }
+
+    /// The events of one event loop against a fake broker sending `writes`,
+    /// until the connection ends.
+    async fn events_until_the_end(
+        writes: Vec<Vec<rumqttc::v5::mqttbytes::v5::Packet>>,
+    ) -> Vec<String> {
+        let (port, broker) = fake_broker(writes).await;
+        let settings = MqttSessionSettings::new("t", format!("tcp://127.0.0.1:{port}"), "client-t");
+        let endpoint = settings.validate().expect("valid settings");
+        let (_client, mut eventloop) = create(&settings, &endpoint, None).expect("created");
+        let mut seen = Vec::new();
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Connected { .. }) => seen.push("connected".to_owned()),
+                Ok(Event::Publish(p)) => seen.push(format!("publish {}", p.pkid)),
+                Ok(other) => seen.push(format!("{other:?}")),
+                Err(e) => {
+                    seen.push(format!("ended: {e}"));
+                    break;
+                }
+            }
+        }
+        broker.abort();
+        seen
+    }
+
+    /// A publish read in the same read as the broker's DISCONNECT is
+    /// reported before the connection's end, so the session acknowledges it
+    /// (or not) on that connection, not under its packet id on the next; on
+    /// a connection that ends before it was reported connected, nothing of
+    /// it is reported (the broker sends the publish again).
+    #[tokio::test]
+    async fn what_was_read_before_the_connection_ended_is_reported_before_the_end() {
+        use rumqttc::v5::mqttbytes::v5::{
+            ConnAck, ConnectReturnCode, Disconnect, DisconnectReasonCode, Packet,
+            Publish as WirePublish,
+        };
+        let connack = || {
+            Packet::ConnAck(ConnAck {
+                session_present: false,
+                code: ConnectReturnCode::Success,
+                properties: None,
+            })
+        };
+        let publish = || {
+            let mut p =
+                WirePublish::new("a/b", rumqttc::v5::mqttbytes::QoS::AtLeastOnce, "x", None);
+            p.pkid = 9;
+            Packet::Publish(p)
+        };
+        let disconnect =
+            || Packet::Disconnect(Disconnect::new(DisconnectReasonCode::ServerShuttingDown));
+        let end = "ended: the broker disconnected: ServerShuttingDown";
+        let seen = events_until_the_end(vec![vec![connack()], vec![publish(), disconnect()]]).await;
+        assert_eq!(seen, ["connected", "publish 9", end]);
+        let seen = events_until_the_end(vec![vec![connack(), publish(), disconnect()]]).await;
+        assert_eq!(seen, [end]);
     }
 
     #[test]
