@@ -29,6 +29,10 @@
 //!   broker's session until PUBREL, so those ids are kept across connections
 //!   ([`EventLoop::pubrel_owed`]) and released again on a resumed session
 //!   (MQTT v5 §4.4) before anything reuses them.
+//! - **A connection's end is reported last.** Packets decoded in the read
+//!   that ended it are reported before the error ([`EventLoop::poll`]), while
+//!   the session still counts them as that connection's; a connection that
+//!   ends before it was reported connected reports nothing.
 //! - **Keep-alive.** A PINGREQ goes out when nothing was written for the
 //!   keep-alive interval (the broker's server keep-alive when it sets one); a
 //!   PINGRESP missing one interval later ends the connection.
