@@ -57,6 +57,15 @@ impl TableSource {
         }
     }
 
+    /// The table `outbox` of `db`, with its `headers` column mapped (see
+    /// [`outbox_with_headers`]).
+    fn postgres_with_headers(db: &TestDatabase) -> Self {
+        Self {
+            receiver_extra: "    columns:\n      headers: headers\n".into(),
+            ..Self::postgres(db)
+        }
+    }
+
     /// The table `outbox` of `db` on MariaDB / MySQL.
     fn mysql(db: &TestMysql) -> Self {
         Self {
@@ -634,6 +643,26 @@ async fn insert_rows(app: &tokio_postgres::Client, from: i64, to: i64) -> anyhow
 }
 
 /// Waits until no row of the outbox is left unsent.
+/// `OUTBOX_DDL` in `db` with a `headers` column (jsonb), and rows `0..n` whose headers are the
+/// SQL expression `headers` of the row number `i`; the application's connection.
+async fn outbox_with_headers(
+    db: &TestDatabase,
+    n: i64,
+    headers: &str,
+) -> anyhow::Result<tokio_postgres::Client> {
+    let app = db.connect().await?;
+    app.batch_execute(OUTBOX_DDL).await?;
+    app.batch_execute("ALTER TABLE outbox ADD COLUMN headers jsonb")
+        .await?;
+    let insert = format!(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event, payload, headers)
+         SELECT 'orders', 'a' || (i % 4), 'created', to_json(i), {headers}
+         FROM generate_series(0, $1::bigint - 1) AS i"
+    );
+    app.execute(&insert, &[&n]).await?;
+    Ok(app)
+}
+
 async fn all_rows_sent(app: &tokio_postgres::Client) -> anyhow::Result<()> {
     wait::until(DELIVERY, "every row marked sent", || async {
         app.query_one("SELECT count(*) FROM outbox WHERE sent_at IS NULL", &[])
@@ -1288,26 +1317,19 @@ async fn postgres_headers_column_becomes_amqp_headers_and_a_malformed_one_is_dea
     const N: i64 = 40;
     const BAD: i64 = 17;
     let db = TestDatabase::create().await?;
-    let app = db.connect().await?;
-    app.batch_execute(OUTBOX_DDL).await?;
-    app.batch_execute("ALTER TABLE outbox ADD COLUMN headers jsonb")
-        .await?;
-    app.execute(
-        "INSERT INTO outbox (aggregate_type, aggregate_id, event, payload, headers)
-         SELECT 'orders', 'a' || (i % 4), 'created', to_json(i),
-                CASE WHEN i = $2 THEN '{\"tenant\": 7}'::jsonb
-                     ELSE jsonb_build_object('tenant', 't' || i) END
-         FROM generate_series(0, $1::bigint - 1) AS i",
-        &[&N, &BAD],
+    let app = outbox_with_headers(
+        &db,
+        N,
+        &format!(
+            "CASE WHEN i = {BAD} THEN '{{\"tenant\": 7}}'::jsonb
+                  ELSE jsonb_build_object('tenant', 't' || i) END"
+        ),
     )
     .await?;
     let queue = TestQueue::declare("ferry-e2e-headers").await?;
     let dir = tempfile::tempdir()?;
     let relay = Relay::from_table(
-        TableSource {
-            receiver_extra: "    columns:\n      headers: headers\n".into(),
-            ..TableSource::postgres(&db)
-        },
+        TableSource::postgres_with_headers(&db),
         "rabbitmq",
         ferry_tests::rabbitmq::url(),
         vec![("q".into(), format!("/{}", queue.name))],
@@ -1360,18 +1382,14 @@ async fn headers_mqtt_cannot_carry_are_dead_lettered_and_the_rest_arrive() -> an
     const LONG: i64 = 4;
     const TAB: i64 = 7;
     let db = TestDatabase::create().await?;
-    let app = db.connect().await?;
-    app.batch_execute(OUTBOX_DDL).await?;
-    app.batch_execute("ALTER TABLE outbox ADD COLUMN headers jsonb")
-        .await?;
-    app.execute(
-        "INSERT INTO outbox (aggregate_type, aggregate_id, event, payload, headers)
-         SELECT 'orders', 'a' || (i % 2), 'created', to_json(i),
-                CASE WHEN i = $2 THEN jsonb_build_object('big', repeat('x', 70000))
-                     WHEN i = $3 THEN jsonb_build_object('tab', E'a\\tb')
-                     ELSE jsonb_build_object('tenant', 't' || i) END
-         FROM generate_series(0, $1::bigint - 1) AS i",
-        &[&N, &LONG, &TAB],
+    let app = outbox_with_headers(
+        &db,
+        N,
+        &format!(
+            "CASE WHEN i = {LONG} THEN jsonb_build_object('big', repeat('x', 70000))
+                  WHEN i = {TAB} THEN jsonb_build_object('tab', E'a\\tb')
+                  ELSE jsonb_build_object('tenant', 't' || i) END"
+        ),
     )
     .await?;
     let broker = Mosquitto::start().await?;
@@ -1385,10 +1403,7 @@ async fn headers_mqtt_cannot_carry_are_dead_lettered_and_the_rest_arrive() -> an
     .await?;
     let dir = tempfile::tempdir()?;
     let relay = Relay::from_table(
-        TableSource {
-            receiver_extra: "    columns:\n      headers: headers\n".into(),
-            ..TableSource::postgres(&db)
-        },
+        TableSource::postgres_with_headers(&db),
         "mqtt",
         broker.url(),
         vec![("out".into(), topic.clone())],
@@ -1399,19 +1414,12 @@ async fn headers_mqtt_cannot_carry_are_dead_lettered_and_the_rest_arrive() -> an
     let counts = finished(&agent, &relay, n).await?;
     assert_eq!((counts[0].sent, counts[0].dead_lettered), (n - 2, 2));
     let bad = [u64::try_from(LONG)?, u64::try_from(TAB)?];
-    let deadline = tokio::time::Instant::now() + DELIVERY;
-    let got = loop {
-        let got = collector.counts();
-        if got.missing(&topic, 0..n) == bad || tokio::time::Instant::now() > deadline {
-            break got;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(
-        got.missing(&topic, 0..n),
-        bad,
-        "only the bad rows are missing"
-    );
+    wait::until(
+        DELIVERY,
+        "every good row on the topic, and no bad one",
+        || std::future::ready(collector.counts().missing(&topic, 0..n) == bad),
+    )
+    .await?;
     let reconnects = agent
         .metrics()?
         .session("ferry_session_reconnects_total", "dst");
