@@ -36,6 +36,7 @@ pub mod dlq;
 pub mod envelope;
 pub mod lease;
 pub mod listener;
+pub mod mqtt_string;
 pub mod os;
 pub mod postgres;
 pub mod telemetry;

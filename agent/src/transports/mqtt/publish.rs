@@ -14,7 +14,7 @@
 //!   interval, user properties, content type), with the packet id 0 until
 //!   [`Publish::write`] fills it in; the tests compare the two byte for byte.
 //! - **Nothing malformed is written.** Every string (header key and value,
-//!   content type) passes `settings::string_problem` — at most 65 535 bytes,
+//!   content type) passes `ferry_shared::mqtt_string::problem` — at most 65 535 bytes,
 //!   no NUL, no control character or non-character, which Mosquitto refuses
 //!   as malformed — and the remaining length fits its four bytes. A message
 //!   that breaks one of these can never be sent, so it is a permanent error
@@ -30,9 +30,10 @@
 use std::time::SystemTime;
 
 use ferry_shared::envelope::Envelope;
+use ferry_shared::mqtt_string;
 use prost::bytes::{BufMut, Bytes, BytesMut};
 
-use super::settings::{Qos, string_problem};
+use super::settings::Qos;
 use crate::transports::SendError;
 use crate::transports::headers::{outgoing, remaining};
 
@@ -206,9 +207,9 @@ fn qos_bits(qos: Qos) -> u8 {
 }
 
 /// The encoded length of `s` as an MQTT string, or why it cannot be one
-/// ([`string_problem`]); `what` names it in the error.
+/// ([`mqtt_string::problem`]); `what` names it in the error.
 fn string_len(s: &str, what: impl Fn() -> String) -> Result<usize, SendError> {
-    match string_problem(s) {
+    match mqtt_string::problem(s) {
         None => Ok(2 + s.len()),
         Some(problem) => Err(SendError::Permanent(format!("{} {problem}", what()))),
     }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ferry_shared::config::Secret;
+use ferry_shared::mqtt_string;
 
 /// The largest packet MQTT can carry (the variable byte integer limit).
 pub const MQTT_MAX_PACKET_BYTES: u32 = 268_435_455;
@@ -363,50 +364,15 @@ pub(crate) fn valid_filter(filter: &str) -> bool {
 }
 
 /// MQTT topic name rules for a publish: not empty, no wildcards, and an MQTT
-/// string ([`string_problem`]).
+/// string ([`mqtt_string::problem`]).
 pub(crate) fn topic_problem(topic: &str) -> Option<String> {
     if topic.is_empty() {
         Some("the topic is empty".into())
     } else if topic.contains(['+', '#']) {
         Some("the topic contains a wildcard".into())
     } else {
-        string_problem(topic).map(|problem| format!("the topic {problem}"))
+        mqtt_string::problem(topic).map(|problem| format!("the topic {problem}"))
     }
-}
-
-/// Why `s` cannot be sent as an MQTT string, if it cannot: longer than 65 535
-/// bytes, or holding NUL (MQTT v5 §1.5.4, v3.1.1 §1.5.3: a malformed packet),
-/// a control character (U+0001–U+001F, U+007F–U+009F) or a non-character
-/// (U+FDD0–U+FDEF, U+xFFFE, U+xFFFF), which the specifications say a string
-/// SHOULD NOT hold and a receiver MAY treat as malformed. Mosquitto does: it
-/// closes the connection, so the publish could only be retried forever.
-pub(crate) fn string_problem(s: &str) -> Option<String> {
-    if s.len() > usize::from(u16::MAX) {
-        return Some(format!(
-            "is {} bytes, more than an MQTT string holds (65535)",
-            s.len()
-        ));
-    }
-    // Printable ASCII (0x20–0x7E), what nearly every header and topic is, is
-    // always fine. It is checked for all bytes at once — a fold with no early
-    // exit, which the compiler vectorizes — before the rest is decoded
-    // character by character: this runs for every string of every send.
-    let unusual = s
-        .bytes()
-        .fold(false, |seen, b| seen | (b.wrapping_sub(0x20) > 0x5e));
-    if !unusual {
-        return None;
-    }
-    s.chars().find_map(|c| {
-        let what = match c {
-            '\0' => "NUL",
-            '\u{1}'..='\u{1f}' | '\u{7f}'..='\u{9f}' => "a control character",
-            '\u{fdd0}'..='\u{fdef}' => "a Unicode non-character",
-            c if u32::from(c) & 0xfffe == 0xfffe => "a Unicode non-character",
-            _ => return None,
-        };
-        Some(format!("contains {what} (U+{:04X})", u32::from(c)))
-    })
 }
 
 #[cfg(test)]
@@ -495,43 +461,5 @@ mod tests {
             topic_problem("a\nb").as_deref(),
             Some("the topic contains a control character (U+000A)")
         );
-    }
-
-    /// What Mosquitto refuses as a malformed packet is refused before it is
-    /// sent; everything else, however unusual, is left alone.
-    #[test]
-    fn strings_mqtt_cannot_carry() {
-        let long = "x".repeat(65_536);
-        let refused = [
-            ("a\0b", "contains NUL (U+0000)"),
-            ("tab\there", "contains a control character (U+0009)"),
-            ("\u{7f}", "contains a control character (U+007F)"),
-            ("next\u{85}line", "contains a control character (U+0085)"),
-            ("\u{9f}", "contains a control character (U+009F)"),
-            ("\u{fdd0}", "contains a Unicode non-character (U+FDD0)"),
-            ("\u{fdef}", "contains a Unicode non-character (U+FDEF)"),
-            ("\u{fffe}", "contains a Unicode non-character (U+FFFE)"),
-            ("end \u{ffff}", "contains a Unicode non-character (U+FFFF)"),
-            ("\u{1fffe}", "contains a Unicode non-character (U+1FFFE)"),
-            ("\u{10ffff}", "contains a Unicode non-character (U+10FFFF)"),
-            (
-                &long,
-                "is 65536 bytes, more than an MQTT string holds (65535)",
-            ),
-        ];
-        for (s, problem) in refused {
-            assert_eq!(string_problem(s).as_deref(), Some(problem));
-        }
-        let kept = [
-            "",
-            "plain ascii ~!",
-            "\u{a0}\u{bf}\u{c0}é",
-            "\u{fdcf}\u{fdf0}\u{fffd}€",
-            "\u{1f600}\u{10fffd}",
-            &long[1..],
-        ];
-        for s in kept {
-            assert_eq!(string_problem(s), None, "{s:?}");
-        }
     }
 }

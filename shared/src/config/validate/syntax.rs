@@ -129,9 +129,6 @@ pub(super) fn broker_url(s: &str) -> Result<bool, String> {
     Ok(tls)
 }
 
-/// The MQTT limit on a topic's length in bytes.
-const MAX_TOPIC_BYTES: usize = 65_535;
-
 /// A subscription topic filter (wildcards allowed, `$share/{group}/{filter}` allowed).
 pub(super) fn topic_filter(f: &str) -> Result<(), String> {
     basic_topic(f)?;
@@ -188,16 +185,10 @@ fn basic_topic(t: &str) -> Result<(), String> {
     if t.is_empty() {
         return Err("topic must not be empty".to_owned());
     }
-    if t.len() > MAX_TOPIC_BYTES {
-        return Err(format!(
-            "topic is {} bytes long, MQTT allows at most {MAX_TOPIC_BYTES}",
-            t.len()
-        ));
+    match crate::mqtt_string::problem(t) {
+        Some(problem) => Err(format!("topic {problem}")),
+        None => Ok(()),
     }
-    if t.contains('\0') {
-        return Err("topic must not contain a NUL character".to_owned());
-    }
-    Ok(())
 }
 
 /// An SQS queue name: 1–80 of `[A-Za-z0-9_-]`, optionally ending in `.fifo`.

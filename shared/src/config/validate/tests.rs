@@ -1163,6 +1163,28 @@ fn mqtt_binding_address_has_no_wildcards() {
     );
 }
 
+/// A topic an MQTT packet cannot carry (Mosquitto closes the connection on it) is refused
+/// when the configuration is validated, not at every send.
+#[test]
+fn mqtt_topics_hold_only_what_an_mqtt_string_may() {
+    assert_only(
+        &errors(|c| c.bindings[0].address = "events\tall".into()),
+        "bindings[0].address",
+        "topic contains a control character (U+0009)",
+    );
+    assert_only(
+        &errors(|c| c.bindings[0].address = "x".repeat(65_536)),
+        "bindings[0].address",
+        "topic is 65536 bytes, more than an MQTT string holds (65535)",
+    );
+    let mut unusual = base();
+    unusual.bindings[0].address = "événements/€".into();
+    assert!(
+        validate(&unusual).is_ok(),
+        "non-ASCII text is an MQTT string"
+    );
+}
+
 /// Adds an SQS session, an SQS sender pinned by `queue`, a binding to `address`, and points
 /// route 0 (made direct_hold) at it.
 fn sqs_binding(c: &mut BridgeConfig, queue: &str, address: &str) {
