@@ -190,12 +190,14 @@ impl Drainer {
     /// Claims batches and sends them until the partition is empty, a send
     /// fails, or `stop` (invariant 6). Each binding has a lane: its records
     /// start in `seq` order as soon as they are claimed, behind those of
-    /// earlier batches, at most [`SEND_WINDOW`] in flight. A batch is claimed
-    /// while at most two are unsettled, so at most three are ever claimed
-    /// and not yet settled (the crash duplicate window, invariant 2).
-    /// Outcomes are written a batch's worth at a time — queued with the
-    /// claim they let through, so both share a commit — and the remainder
-    /// once nothing else is in flight. After a failed send nothing more is
+    /// earlier batches, at most [`SEND_WINDOW`] in flight. Outcomes are
+    /// written a batch's worth at a time, and the remainder once nothing
+    /// else is in flight. A batch is claimed while at most two are unsettled
+    /// besides the outcomes being written, so the claim goes to the store
+    /// with the write that makes room for it (usually sharing its commit)
+    /// instead of after it; its records are held unsent until that write
+    /// succeeded, so at most three batches are ever sent and not yet
+    /// settled (the crash duplicate window, invariant 2). After a failed send nothing more is
     /// claimed and the failed binding's queued records go back untried; the
     /// cycle ends once everything in flight is settled, so the next one
     /// starts again at the lowest pending `seq` of every binding. After
@@ -214,8 +216,14 @@ impl Drainer {
         let mut outcomes = Outcomes::default();
         let mut claiming: Option<BoxFuture<'_, StoreResult<Vec<OutboxRecord>>>> = None;
         let mut writing: Option<JoinHandle<StoreResult<()>>> = None;
-        // Claimed and not yet settled: queued, in flight, in `outcomes` or
-        // being written.
+        // The claim in flight was let through by the outcomes being written
+        // (there was no room without them): its records wait for that write.
+        let mut claim_awaits_write = false;
+        // A batch so claimed and answered before its write: unsent until
+        // the write succeeded.
+        let mut held: Option<Vec<OutboxRecord>> = None;
+        // Claimed and not yet settled: held, queued, in flight, in
+        // `outcomes` or being written.
         let mut unsettled = 0usize;
         let mut writing_count = 0usize;
         // A claim came back short: the partition is drained.
@@ -236,7 +244,24 @@ impl Drainer {
                 halt(&mut lanes, &mut outcomes);
             }
             self.halt_if_expired(&mut interrupted, &mut lanes, &mut outcomes);
-            if claiming.is_none() && more && !interrupted && unsettled <= 2 * self.batch {
+            // A batch's worth of outcomes is written at once; the rest when
+            // nothing else is coming.
+            let idle = claiming.is_none() && sends.is_empty();
+            if writing.is_none() && (outcomes.len() >= self.batch || (idle && outcomes.len() > 0)) {
+                let taken = std::mem::take(&mut outcomes);
+                writing_count = taken.len();
+                writing = Some(self.spawn_write(version, taken));
+            }
+            // The outcomes being written make room at once: the claim they
+            // let through is held until they are written.
+            let being_written = if writing.is_some() { writing_count } else { 0 };
+            if claiming.is_none()
+                && held.is_none()
+                && more
+                && !interrupted
+                && unsettled - being_written <= 2 * self.batch
+            {
+                claim_awaits_write = unsettled > 2 * self.batch;
                 claiming = Some(self.outbox.claim(
                     &self.partition,
                     &self.owner,
@@ -244,15 +269,6 @@ impl Drainer {
                     self.batch,
                     SystemTime::now(),
                 ));
-            }
-            // A batch's worth of outcomes is written at once (with the
-            // claim it lets through, in one commit); the rest when nothing
-            // else is coming.
-            let idle = claiming.is_none() && sends.is_empty();
-            if writing.is_none() && (outcomes.len() >= self.batch || (idle && outcomes.len() > 0)) {
-                let taken = std::mem::take(&mut outcomes);
-                writing_count = taken.len();
-                writing = Some(self.spawn_write(version, taken));
             }
             if claiming.is_none() && writing.is_none() && sends.is_empty() {
                 break;
@@ -282,7 +298,11 @@ impl Drainer {
                             more = records.len() >= self.batch;
                             report.claimed += records.len();
                             unsettled += records.len();
-                            self.enqueue(records, &mut lanes, &mut outcomes);
+                            if claim_awaits_write {
+                                held = Some(records);
+                            } else {
+                                self.enqueue(records, interrupted, &mut lanes, &mut outcomes);
+                            }
                         }
                         Err(e) => {
                             interrupted = true;
@@ -292,6 +312,7 @@ impl Drainer {
                 }
                 Some(written) = OptionFuture::from(writing.as_mut()), if writing.is_some() => {
                     writing = None;
+                    claim_awaits_write = false;
                     unsettled -= writing_count;
                     if let Err(e) = joined(written) {
                         // Those outcomes are written again before the next
@@ -301,6 +322,9 @@ impl Drainer {
                         interrupted = true;
                         halt(&mut lanes, &mut outcomes);
                         error.get_or_insert(e);
+                    }
+                    if let Some(records) = held.take() {
+                        self.enqueue(records, interrupted, &mut lanes, &mut outcomes);
                     }
                 }
             }
@@ -328,8 +352,21 @@ impl Drainer {
     /// Sorts claimed records: expired ones get `on_expired` (here, not in the
     /// next sweep: a claim of nothing but expired records would otherwise
     /// come back forever), exhausted ones go to the DLQ, the rest to their
-    /// binding's lane, or back untried if that lane has stopped.
-    fn enqueue(&self, records: Vec<OutboxRecord>, lanes: &mut Lanes, outcomes: &mut Outcomes) {
+    /// binding's lane, or back untried if that lane has stopped. Once the
+    /// cycle is `interrupted` every record goes back untried: a claim that
+    /// was in flight when it stopped must not open a lane for a binding
+    /// that had none yet.
+    fn enqueue(
+        &self,
+        records: Vec<OutboxRecord>,
+        interrupted: bool,
+        lanes: &mut Lanes,
+        outcomes: &mut Outcomes,
+    ) {
+        if interrupted {
+            outcomes.untried.extend(records.iter().map(|r| r.seq));
+            return;
+        }
         let now = SystemTime::now();
         for r in records {
             if r.envelope.is_expired(now) {

@@ -21,9 +21,9 @@
 //! 2. **A record is completed only after its destination accepted it, or
 //!    after its DLQ entry is durable.** A crash between the send and the
 //!    completion re-sends the record: the duplicate window is the records
-//!    claimed and not yet settled — at most 3 × `drain_batch_size` per crash,
-//!    because a batch is claimed only while at most two are unsettled (see
-//!    invariant 6). (The expiry sweep claims up to one batch more, but never
+//!    sent and not yet settled — at most 3 × `drain_batch_size` per crash,
+//!    because a batch's records start only while at most two batches are
+//!    unsettled (see invariant 6). (The expiry sweep claims up to one batch more, but never
 //!    sends it: a crash repeats its DLQ writes, which are idempotent by id.)
 //! 3. **Order per binding.** Records of one binding leave in `seq` order
 //!    (pipelined up to [`SEND_WINDOW`] on the connection, never reordered); a
@@ -44,8 +44,11 @@
 //!    their binding's send lane as soon as they are claimed, behind the
 //!    earlier ones, so the connection does not idle between batches. A batch
 //!    is claimed once at most two are unsettled (sent or queued, outcome not
-//!    yet written); outcomes are written a batch's worth at a time, together
-//!    with the claim they let through. After any failure the cycle claims
+//!    yet written) besides the outcomes being written; outcomes are written
+//!    a batch's worth at a time, and the claim they let through goes to the
+//!    store beside them (usually one commit) but its records are held unsent
+//!    until that write succeeded. A claim answered after the cycle stopped
+//!    goes back untried whole. After any failure the cycle claims
 //!    nothing more, lets what is in flight finish, writes every outcome, and
 //!    ends, so the next cycle starts again at the lowest pending `seq` of
 //!    every binding. On lease loss the cycle is dropped (the new holder's

@@ -65,16 +65,21 @@ fn envelope(payload: &str, expires_at: Option<SystemTime>) -> Envelope {
     }
 }
 
-/// The memory outbox with injected faults on `complete`: the next
-/// `fail_completes` fail before anything is applied; with `hold`, a
-/// completion is applied at once but its answer waits for `release` (a
-/// commit whose reply is still on its way, as with SQLite's writer thread).
+/// The memory outbox with injected faults on `complete`: with `hold`, a
+/// completion waits for `release` (a commit still on its way, as with
+/// SQLite's writer thread); then the next `fail_completes` fail without
+/// applying anything.
+/// With `hold_claims` a claim waits for `claim_release` before it is
+/// applied.
 #[derive(Default)]
 struct Faults {
     fail_completes: AtomicUsize,
     hold: AtomicBool,
     entered: Notify,
     release: Notify,
+    hold_claims: AtomicBool,
+    claim_entered: Notify,
+    claim_release: Notify,
 }
 
 struct Faulty {
@@ -99,7 +104,16 @@ impl OutboxStore for Faulty {
         limit: usize,
         now: SystemTime,
     ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
-        self.inner.claim(partition, owner, version, limit, now)
+        Box::pin(async move {
+            let f = &self.faults;
+            if f.hold_claims.load(Ordering::SeqCst) {
+                f.claim_entered.notify_one();
+                f.claim_release.notified().await;
+            }
+            self.inner
+                .claim(partition, owner, version, limit, now)
+                .await
+        })
     }
 
     fn complete<'a>(
@@ -110,18 +124,17 @@ impl OutboxStore for Faulty {
     ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
         Box::pin(async move {
             let f = &self.faults;
+            if f.hold.load(Ordering::SeqCst) {
+                f.entered.notify_one();
+                f.release.notified().await;
+            }
             if f.fail_completes
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok()
             {
                 return Err(StoreError::Unavailable("injected".into()));
             }
-            let done = self.inner.complete(partition, version, seqs).await;
-            if f.hold.load(Ordering::SeqCst) {
-                f.entered.notify_one();
-                f.release.notified().await;
-            }
-            done
+            self.inner.complete(partition, version, seqs).await
         })
     }
 
@@ -421,6 +434,122 @@ async fn a_failure_releases_the_batch_claimed_ahead_untried() {
     assert!(
         left[3..].iter().all(|r| r.replay_count == 0),
         "the batch claimed ahead went back untried"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_claimed_beside_a_write_is_sent_only_once_that_write_is_answered() {
+    // The claim that a write makes room for goes to the store with it, but
+    // its records start only once the write succeeded: never more than
+    // three batches sent and unsettled (the crash window, invariant 2).
+    let mut f = fixture(None, true, (5, Duration::from_secs(900)));
+    Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 4;
+    append(&f, "x", 0..20).await;
+    f.faults.hold.store(true, Ordering::SeqCst);
+    let d = Arc::clone(&f.drainer);
+    let run = tokio::spawn(async move { d.cycle(1, &CancellationToken::new()).await });
+    f.faults.entered.notified().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        f.sender.sent.lock().expect("lock").len(),
+        12,
+        "three batches sent while the first one's outcome is unanswered"
+    );
+    let claimed = f.outbox.dump(P).expect("dump");
+    let claimed = claimed.iter().filter(|r| r.claim.is_some()).count();
+    assert_eq!(claimed, 16, "the fourth batch was claimed beside the write");
+    f.faults.hold.store(false, Ordering::SeqCst);
+    f.faults.release.notify_one();
+    let report = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the cycle ends")
+        .expect("the cycle task")
+        .expect("cycle");
+    assert_eq!(report.claimed, 20);
+    let sent: Vec<String> = f
+        .sender
+        .sent
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|(_, p)| p.clone())
+        .collect();
+    let all: Vec<String> = (0..20).map(|i| i.to_string()).collect();
+    assert_eq!(sent, all, "each record once, in order");
+    assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
+}
+
+#[tokio::test]
+async fn a_batch_claimed_beside_a_failed_write_goes_back_untried() {
+    let mut f = fixture(None, true, (5, Duration::from_secs(900)));
+    Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 4;
+    append(&f, "x", 0..20).await;
+    f.faults.hold.store(true, Ordering::SeqCst);
+    f.faults.fail_completes.store(1, Ordering::SeqCst);
+    let d = Arc::clone(&f.drainer);
+    let run = tokio::spawn(async move { d.cycle(1, &CancellationToken::new()).await });
+    f.faults.entered.notified().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    f.faults.hold.store(false, Ordering::SeqCst);
+    f.faults.release.notify_one();
+    let first = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the cycle ends")
+        .expect("the cycle task");
+    assert!(
+        first.is_err(),
+        "the failed write fails the cycle: {first:?}"
+    );
+    assert_eq!(f.sender.sent.lock().expect("lock").len(), 12);
+    let left = f.outbox.dump(P).expect("dump");
+    // The first batch's outcome is kept for the next cycle (still claimed);
+    // the two after it were written; the fourth went back untried.
+    let seqs = |claimed: bool| -> Vec<u64> {
+        left.iter()
+            .filter(|r| r.claim.is_some() == claimed && r.replay_count == 0)
+            .map(|r| r.seq)
+            .collect()
+    };
+    assert_eq!(seqs(true).len(), 4, "{left:?}");
+    assert_eq!(seqs(false), (13..=20).collect::<Vec<u64>>(), "{left:?}");
+    assert_eq!(cycle(&f).await, 8, "the next cycle sends the rest");
+    assert_eq!(
+        f.sender.sent.lock().expect("lock").len(),
+        20,
+        "nothing twice"
+    );
+    assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
+}
+
+#[tokio::test]
+async fn a_claim_answered_after_the_cycle_stopped_sends_nothing() {
+    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    append(&f, "x", 0..3).await;
+    f.faults.hold_claims.store(true, Ordering::SeqCst);
+    let stop = CancellationToken::new();
+    let d = Arc::clone(&f.drainer);
+    let s = stop.clone();
+    let run = tokio::spawn(async move { d.cycle(1, &s).await });
+    f.faults.claim_entered.notified().await;
+    stop.cancel();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    f.faults.claim_release.notify_one();
+    let report = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the cycle ends")
+        .expect("the cycle task")
+        .expect("cycle");
+    assert_eq!(report.claimed, 3);
+    assert!(
+        f.sender.sent.lock().expect("lock").is_empty(),
+        "nothing sent"
+    );
+    let left = f.outbox.dump(P).expect("dump");
+    assert_eq!(left.len(), 3);
+    assert!(
+        left.iter()
+            .all(|r| r.claim.is_none() && r.replay_count == 0),
+        "all went back untried: {left:?}"
     );
 }
 
