@@ -101,9 +101,9 @@ async fn a_burst_past_the_receive_window_costs_no_reconnect_and_no_duplicate() -
 /// restarting it each time: nothing is missing anywhere, and duplicates stay within the
 /// in-flight window.
 ///
-/// The bound: a crash can repeat, per destination, (a) the records the drainer had claimed
-/// but whose outcome was not yet written — it claims a batch only while at most two are
-/// unsettled, so at most `3 × drain_batch_size` records — and (b) the messages already
+/// The bound: a crash can repeat, per destination, (a) the records the drainer had sent but
+/// whose outcome was not yet written — a batch's records start only while at most two batches
+/// are unsettled, so at most `3 × drain_batch_size` records — and (b) the messages already
 /// appended to the outbox whose PUBACK had not reached broker A — at most `max_in_flight`,
 /// since the writer holds no more unsettled deliveries. So each destination sees at most
 /// `crashes × (3 × drain_batch_size + max_in_flight)` duplicates.

@@ -244,9 +244,13 @@ impl Drainer {
                 halt(&mut lanes, &mut outcomes);
             }
             self.halt_if_expired(&mut interrupted, &mut lanes, &mut outcomes);
+            // A claim may go out while at most two batches are unsettled.
+            let may_claim = claiming.is_none() && held.is_none() && more && !interrupted;
+            let limit = 2 * self.batch;
             // A batch's worth of outcomes is written at once; the rest when
-            // nothing else is coming.
-            let idle = claiming.is_none() && sends.is_empty();
+            // nothing else is coming (no send, and no claim in flight or
+            // about to go out).
+            let idle = claiming.is_none() && sends.is_empty() && !(may_claim && unsettled <= limit);
             if writing.is_none() && (outcomes.len() >= self.batch || (idle && outcomes.len() > 0)) {
                 let taken = std::mem::take(&mut outcomes);
                 writing_count = taken.len();
@@ -255,13 +259,8 @@ impl Drainer {
             // The outcomes being written make room at once: the claim they
             // let through is held until they are written.
             let being_written = if writing.is_some() { writing_count } else { 0 };
-            if claiming.is_none()
-                && held.is_none()
-                && more
-                && !interrupted
-                && unsettled - being_written <= 2 * self.batch
-            {
-                claim_awaits_write = unsettled > 2 * self.batch;
+            if may_claim && unsettled - being_written <= limit {
+                claim_awaits_write = unsettled > limit;
                 claiming = Some(self.outbox.claim(
                     &self.partition,
                     &self.owner,

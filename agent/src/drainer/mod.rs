@@ -23,8 +23,9 @@
 //!    completion re-sends the record: the duplicate window is the records
 //!    sent and not yet settled — at most 3 × `drain_batch_size` per crash,
 //!    because a batch's records start only while at most two batches are
-//!    unsettled (see invariant 6). (The expiry sweep claims up to one batch more, but never
-//!    sends it: a crash repeats its DLQ writes, which are idempotent by id.)
+//!    unsettled (see invariant 6). (The expiry sweep claims up to one batch
+//!    more, but never sends it: a crash repeats its DLQ writes, which are
+//!    idempotent by id.)
 //! 3. **Order per binding.** Records of one binding leave in `seq` order
 //!    (pipelined up to [`SEND_WINDOW`] on the connection, never reordered); a
 //!    failed send stops the later records of its binding in that cycle: those
@@ -47,10 +48,10 @@
 //!    yet written) besides the outcomes being written; outcomes are written
 //!    a batch's worth at a time, and the claim they let through goes to the
 //!    store beside them (usually one commit) but its records are held unsent
-//!    until that write succeeded. A claim answered after the cycle stopped
-//!    goes back untried whole. After any failure the cycle claims
-//!    nothing more, lets what is in flight finish, writes every outcome, and
-//!    ends, so the next cycle starts again at the lowest pending `seq` of
+//!    until that write succeeded. After any failure (or `stop`, or the
+//!    grant's expiry) the cycle claims nothing more, lets what is in flight
+//!    finish — a claim still in flight goes back untried whole, every
+//!    binding's records — writes every outcome, and ends, so the next cycle starts again at the lowest pending `seq` of
 //!    every binding. On lease loss the cycle is dropped (the new holder's
 //!    version takes its claims back); at shutdown it claims nothing more and
 //!    finishes within the grace period. Outcomes whose write failed are kept

@@ -8,9 +8,11 @@ use std::time::{Duration, SystemTime};
 use ferry_shared::config::{DrainPoll, FailureAction};
 use ferry_shared::envelope::{Envelope, Source};
 use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::Drainer;
+use super::cycle::Report;
 use crate::health::Readiness;
 use crate::metrics::Metrics;
 use crate::routes::shared_outbox::OutboxDepth;
@@ -65,19 +67,22 @@ fn envelope(payload: &str, expires_at: Option<SystemTime>) -> Envelope {
     }
 }
 
-/// The memory outbox with injected faults on `complete`: with `hold`, a
-/// completion waits for `release` (a commit still on its way, as with
-/// SQLite's writer thread); then the next `fail_completes` fail without
-/// applying anything.
-/// With `hold_claims` a claim waits for `claim_release` before it is
-/// applied.
+/// The memory outbox with injected faults on `complete`: the next
+/// `fail_completes` fail before anything is applied; with `hold`, a
+/// completion is applied at once but its answer waits for `release` (a
+/// commit whose reply is still on its way, as with SQLite's writer thread);
+/// with `fail_held`, the next completion waits for `release` and then fails
+/// without applying anything. The claim numbered `hold_claim` (1-based;
+/// 0: none) waits for `claim_release` before it is applied.
 #[derive(Default)]
 struct Faults {
     fail_completes: AtomicUsize,
     hold: AtomicBool,
+    fail_held: AtomicBool,
     entered: Notify,
     release: Notify,
-    hold_claims: AtomicBool,
+    hold_claim: AtomicUsize,
+    claims: AtomicUsize,
     claim_entered: Notify,
     claim_release: Notify,
 }
@@ -106,7 +111,7 @@ impl OutboxStore for Faulty {
     ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
         Box::pin(async move {
             let f = &self.faults;
-            if f.hold_claims.load(Ordering::SeqCst) {
+            if f.claims.fetch_add(1, Ordering::SeqCst) + 1 == f.hold_claim.load(Ordering::SeqCst) {
                 f.claim_entered.notify_one();
                 f.claim_release.notified().await;
             }
@@ -124,17 +129,24 @@ impl OutboxStore for Faulty {
     ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
         Box::pin(async move {
             let f = &self.faults;
-            if f.hold.load(Ordering::SeqCst) {
-                f.entered.notify_one();
-                f.release.notified().await;
-            }
+            let injected = || Err(StoreError::Unavailable("injected".into()));
             if f.fail_completes
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok()
             {
-                return Err(StoreError::Unavailable("injected".into()));
+                return injected();
             }
-            self.inner.complete(partition, version, seqs).await
+            if f.fail_held.swap(false, Ordering::SeqCst) {
+                f.entered.notify_one();
+                f.release.notified().await;
+                return injected();
+            }
+            let done = self.inner.complete(partition, version, seqs).await;
+            if f.hold.load(Ordering::SeqCst) {
+                f.entered.notify_one();
+                f.release.notified().await;
+            }
+            done
         })
     }
 
@@ -437,119 +449,167 @@ async fn a_failure_releases_the_batch_claimed_ahead_untried() {
     );
 }
 
+/// A fixture with batches of 4 and, in order, the bindings' records: seqs
+/// 1..=12 for x, 13..=16 for `fourth` (the fourth batch), 17..=20 for x.
+async fn four_batches_and_one(fourth: &str) -> Fixture {
+    let mut f = fixture(None, true, (5, Duration::from_secs(900)));
+    Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 4;
+    append(&f, "x", 0..12).await;
+    append(&f, fourth, 12..16).await;
+    append(&f, "x", 16..20).await;
+    f
+}
+
+/// Waits, with a deadline, for `point` to be reached.
+async fn reached(point: &Notify) {
+    tokio::time::timeout(Duration::from_secs(5), point.notified())
+        .await
+        .expect("the fault point is reached");
+}
+
+fn spawn_cycle(f: &Fixture, stop: &CancellationToken) -> JoinHandle<StoreResult<Report>> {
+    let (d, stop) = (Arc::clone(&f.drainer), stop.clone());
+    tokio::spawn(async move { d.cycle(1, &stop).await })
+}
+
+async fn finished(run: JoinHandle<StoreResult<Report>>) -> StoreResult<Report> {
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the cycle ends")
+        .expect("the cycle task")
+}
+
+fn sent(f: &Fixture) -> Vec<(String, String)> {
+    f.sender.sent.lock().expect("lock").clone()
+}
+
+/// The records left in the outbox: (seq, claimed, replay count).
+fn left(f: &Fixture) -> Vec<(u64, bool, u32)> {
+    let dump = f.outbox.dump(P).expect("dump");
+    dump.iter()
+        .map(|r| (r.seq, r.claim.is_some(), r.replay_count))
+        .collect()
+}
+
 #[tokio::test]
 async fn a_batch_claimed_beside_a_write_is_sent_only_once_that_write_is_answered() {
     // The claim that a write makes room for goes to the store with it, but
     // its records start only once the write succeeded: never more than
     // three batches sent and unsettled (the crash window, invariant 2).
-    let mut f = fixture(None, true, (5, Duration::from_secs(900)));
-    Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 4;
-    append(&f, "x", 0..20).await;
+    let f = four_batches_and_one("x").await;
     f.faults.hold.store(true, Ordering::SeqCst);
-    let d = Arc::clone(&f.drainer);
-    let run = tokio::spawn(async move { d.cycle(1, &CancellationToken::new()).await });
-    f.faults.entered.notified().await;
+    let run = spawn_cycle(&f, &CancellationToken::new());
+    reached(&f.faults.entered).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
-        f.sender.sent.lock().expect("lock").len(),
+        sent(&f).len(),
         12,
-        "three batches sent while the first one's outcome is unanswered"
+        "three batches sent while the first one's write is unanswered"
     );
-    let claimed = f.outbox.dump(P).expect("dump");
-    let claimed = claimed.iter().filter(|r| r.claim.is_some()).count();
-    assert_eq!(claimed, 16, "the fourth batch was claimed beside the write");
+    let claimed = left(&f).iter().filter(|(_, claimed, _)| *claimed).count();
+    assert_eq!(claimed, 12, "the fourth batch was claimed beside the write");
     f.faults.hold.store(false, Ordering::SeqCst);
     f.faults.release.notify_one();
-    let report = tokio::time::timeout(Duration::from_secs(5), run)
-        .await
-        .expect("the cycle ends")
-        .expect("the cycle task")
-        .expect("cycle");
-    assert_eq!(report.claimed, 20);
-    let sent: Vec<String> = f
-        .sender
-        .sent
-        .lock()
-        .expect("lock")
-        .iter()
-        .map(|(_, p)| p.clone())
-        .collect();
+    assert_eq!(finished(run).await.expect("cycle").claimed, 20);
+    let payloads: Vec<String> = sent(&f).into_iter().map(|(_, p)| p).collect();
     let all: Vec<String> = (0..20).map(|i| i.to_string()).collect();
-    assert_eq!(sent, all, "each record once, in order");
+    assert_eq!(payloads, all, "each record once, in order");
+    assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
+}
+
+#[tokio::test]
+async fn a_claim_answered_after_the_write_it_waited_for_is_sent_at_once() {
+    // The fourth claim goes out beside the first write and is answered only
+    // after that write (and while the next one is unanswered): it waits for
+    // nothing more.
+    let f = four_batches_and_one("x").await;
+    f.faults.hold.store(true, Ordering::SeqCst);
+    f.faults.hold_claim.store(4, Ordering::SeqCst);
+    let run = spawn_cycle(&f, &CancellationToken::new());
+    reached(&f.faults.entered).await;
+    reached(&f.faults.claim_entered).await;
+    f.faults.release.notify_one();
+    // The second write: the outcomes of batches 2 and 3.
+    reached(&f.faults.entered).await;
+    f.faults.claim_release.notify_one();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        sent(&f).len(),
+        16,
+        "the fourth batch went out while the second write is unanswered"
+    );
+    f.faults.hold.store(false, Ordering::SeqCst);
+    f.faults.release.notify_one();
+    assert_eq!(finished(run).await.expect("cycle").claimed, 20);
+    assert_eq!(sent(&f).len(), 20);
     assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
 }
 
 #[tokio::test]
 async fn a_batch_claimed_beside_a_failed_write_goes_back_untried() {
-    let mut f = fixture(None, true, (5, Duration::from_secs(900)));
-    Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 4;
-    append(&f, "x", 0..20).await;
-    f.faults.hold.store(true, Ordering::SeqCst);
-    f.faults.fail_completes.store(1, Ordering::SeqCst);
-    let d = Arc::clone(&f.drainer);
-    let run = tokio::spawn(async move { d.cycle(1, &CancellationToken::new()).await });
-    f.faults.entered.notified().await;
+    // The fourth batch is binding y's first: no lane is opened for it.
+    let f = four_batches_and_one("y").await;
+    f.faults.fail_held.store(true, Ordering::SeqCst);
+    let run = spawn_cycle(&f, &CancellationToken::new());
+    reached(&f.faults.entered).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    f.faults.hold.store(false, Ordering::SeqCst);
+    let claimed = left(&f).iter().filter(|(_, claimed, _)| *claimed).count();
+    assert_eq!(claimed, 16, "the fourth batch was claimed beside the write");
     f.faults.release.notify_one();
-    let first = tokio::time::timeout(Duration::from_secs(5), run)
-        .await
-        .expect("the cycle ends")
-        .expect("the cycle task");
+    let first = finished(run).await;
     assert!(
         first.is_err(),
         "the failed write fails the cycle: {first:?}"
     );
-    assert_eq!(f.sender.sent.lock().expect("lock").len(), 12);
-    let left = f.outbox.dump(P).expect("dump");
-    // The first batch's outcome is kept for the next cycle (still claimed);
-    // the two after it were written; the fourth went back untried.
-    let seqs = |claimed: bool| -> Vec<u64> {
-        left.iter()
-            .filter(|r| r.claim.is_some() == claimed && r.replay_count == 0)
-            .map(|r| r.seq)
-            .collect()
-    };
-    assert_eq!(seqs(true).len(), 4, "{left:?}");
-    assert_eq!(seqs(false), (13..=20).collect::<Vec<u64>>(), "{left:?}");
+    assert_eq!(sent(&f).len(), 12, "nothing of the fourth batch was sent");
+    // The first batch's outcome is kept for the next cycle (still claimed
+    // under its version); the two after it were written; the fourth went
+    // back untried.
+    let expected: Vec<(u64, bool, u32)> = (1..=4)
+        .map(|seq| (seq, true, 0))
+        .chain((13..=20).map(|seq| (seq, false, 0)))
+        .collect();
+    assert_eq!(left(&f), expected);
     assert_eq!(cycle(&f).await, 8, "the next cycle sends the rest");
-    assert_eq!(
-        f.sender.sent.lock().expect("lock").len(),
-        20,
-        "nothing twice"
-    );
+    assert_eq!(sent(&f).len(), 20, "nothing twice");
     assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
+}
+
+#[tokio::test]
+async fn a_stop_while_a_batch_is_held_sends_none_of_it() {
+    let f = four_batches_and_one("x").await;
+    f.faults.hold.store(true, Ordering::SeqCst);
+    let stop = CancellationToken::new();
+    let run = spawn_cycle(&f, &stop);
+    reached(&f.faults.entered).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    stop.cancel();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    f.faults.hold.store(false, Ordering::SeqCst);
+    f.faults.release.notify_one();
+    assert_eq!(finished(run).await.expect("cycle").claimed, 16);
+    assert_eq!(sent(&f).len(), 12);
+    let expected: Vec<(u64, bool, u32)> = (13..=20).map(|seq| (seq, false, 0)).collect();
+    assert_eq!(left(&f), expected, "the held batch went back untried");
 }
 
 #[tokio::test]
 async fn a_claim_answered_after_the_cycle_stopped_sends_nothing() {
     let f = fixture(None, true, (5, Duration::from_secs(900)));
     append(&f, "x", 0..3).await;
-    f.faults.hold_claims.store(true, Ordering::SeqCst);
+    f.faults.hold_claim.store(1, Ordering::SeqCst);
     let stop = CancellationToken::new();
-    let d = Arc::clone(&f.drainer);
-    let s = stop.clone();
-    let run = tokio::spawn(async move { d.cycle(1, &s).await });
-    f.faults.claim_entered.notified().await;
+    let run = spawn_cycle(&f, &stop);
+    reached(&f.faults.claim_entered).await;
     stop.cancel();
     tokio::time::sleep(Duration::from_millis(20)).await;
     f.faults.claim_release.notify_one();
-    let report = tokio::time::timeout(Duration::from_secs(5), run)
-        .await
-        .expect("the cycle ends")
-        .expect("the cycle task")
-        .expect("cycle");
-    assert_eq!(report.claimed, 3);
-    assert!(
-        f.sender.sent.lock().expect("lock").is_empty(),
-        "nothing sent"
-    );
-    let left = f.outbox.dump(P).expect("dump");
-    assert_eq!(left.len(), 3);
-    assert!(
-        left.iter()
-            .all(|r| r.claim.is_none() && r.replay_count == 0),
-        "all went back untried: {left:?}"
+    assert_eq!(finished(run).await.expect("cycle").claimed, 3);
+    assert!(sent(&f).is_empty(), "nothing sent");
+    assert_eq!(
+        left(&f),
+        [(1, false, 0), (2, false, 0), (3, false, 0)],
+        "all went back untried"
     );
 }
 
