@@ -36,6 +36,14 @@
 //! - **Keep-alive.** A PINGREQ goes out when nothing was written for the
 //!   keep-alive interval (the broker's server keep-alive when it sets one); a
 //!   PINGRESP missing one interval later ends the connection.
+//! - **A burst waits in the broker.** While the receiver holds reads
+//!   ([`Client::hold_reads`]: its delivery channel is full) the loop does not
+//!   read — the rest of a burst the broker sends past the receive window
+//!   stays in the broker and the socket — *unless it awaits an answer*: a
+//!   PUBACK or PUBCOMP of its publishes, a SUBACK or a PINGRESP. So a session
+//!   that also sends never waits for an acknowledgement behind publishes it
+//!   does not read (the receiver's overflow takes them), and the keep-alive
+//!   still sees its PINGRESP.
 //! - **Cancel safety.** `poll` may be dropped at any await (the session stops):
 //!   the partial read and the unwritten rest of a write live in the
 //!   connection, never in a future.
@@ -137,6 +145,12 @@ struct Connection {
 
 impl Connection {
     /// When to send a PINGREQ, or to give up on the PINGRESP.
+    /// Whether the broker owes this connection an answer: to a publish, a
+    /// subscription or a PINGREQ.
+    fn awaits_answer(&self) -> bool {
+        !self.inflight.pending.is_empty() || self.ping_sent.is_some()
+    }
+
     fn keep_alive_deadline(&self) -> Option<Instant> {
         let interval = self.keep_alive?;
         Some(self.ping_sent.unwrap_or(self.last_write) + interval)
@@ -414,6 +428,7 @@ impl EventLoop {
         }
         connection.read_due = false;
         connection.read.reserve(READ_ROOM);
+        let read = !self.client.reads_held() || connection.awaits_answer();
         let deadline = connection.keep_alive_deadline();
         let keep_alive = async {
             match deadline {
@@ -423,7 +438,7 @@ impl EventLoop {
         };
         let woke = tokio::select! {
             biased;
-            read = connection.stream.read_buf(&mut connection.read) => match read {
+            read = connection.stream.read_buf(&mut connection.read), if read => match read {
                 Ok(0) => return Err("the broker closed the connection".into()),
                 Ok(_) => Woke::Read,
                 Err(e) => return Err(format!("I/O: {e}")),
@@ -792,6 +807,74 @@ mod tests {
         assert_eq!(seen, ["connected", "publish 9", end]);
         let seen = events_until_the_end(vec![vec![connack(), publish(), disconnect()]]).await;
         assert_eq!(seen, [end]);
+    }
+
+    /// While the receiver holds reads the loop leaves what the broker sent
+    /// unread, unless it awaits an answer (here a PUBACK of its own
+    /// publish): a session that also sends never waits behind it.
+    #[tokio::test]
+    async fn held_reads_wait_unless_an_answer_is_awaited() {
+        use rumqttc::v5::mqttbytes::v5::{ConnAck, ConnectReturnCode, Packet, Publish as Wire};
+        let connack = Packet::ConnAck(ConnAck {
+            session_present: false,
+            code: ConnectReturnCode::Success,
+            properties: None,
+        });
+        let mut publish = Wire::new("a/b", rumqttc::v5::mqttbytes::QoS::AtLeastOnce, "x", None);
+        publish.pkid = 9;
+        let publish = Packet::Publish(publish);
+        for awaiting in [false, true] {
+            let (port, broker) =
+                fake_broker(vec![vec![connack.clone()], vec![publish.clone()]]).await;
+            let settings =
+                MqttSessionSettings::new("t", format!("tcp://127.0.0.1:{port}"), "client-t");
+            let endpoint = settings.validate().expect("valid settings");
+            let (client, mut eventloop) = create(&settings, &endpoint, None).expect("created");
+            let next = async |eventloop: &mut EventLoop, within: u64| {
+                tokio::time::timeout(Duration::from_millis(within), eventloop.poll())
+                    .await
+                    .map(|e| {
+                        format!(
+                            "{:?}",
+                            e.map(|e| match e {
+                                Event::Publish(p) => format!("publish {}", p.pkid),
+                                other => format!("{other:?}"),
+                            })
+                        )
+                    })
+            };
+            assert!(
+                next(&mut eventloop, 2_000)
+                    .await
+                    .is_ok_and(|e| e.contains("Connected"))
+            );
+            client.hold_reads(true);
+            if awaiting {
+                let envelope = crate::stores::conformance::envelope("a");
+                let ours = Publish::v5("t", Qos::AtLeastOnce, false, &envelope, SystemTime::now());
+                assert!(client.try_publish(ours.expect("valid")).is_ok());
+                assert_eq!(
+                    next(&mut eventloop, 2_000).await,
+                    Ok("Ok(\"PublishWritten(1)\")".into())
+                );
+                assert_eq!(
+                    next(&mut eventloop, 2_000).await,
+                    Ok("Ok(\"publish 9\")".into()),
+                    "read while its PUBACK is awaited"
+                );
+            } else {
+                assert!(
+                    next(&mut eventloop, 300).await.is_err(),
+                    "nothing read while held"
+                );
+                client.hold_reads(false);
+                assert_eq!(
+                    next(&mut eventloop, 2_000).await,
+                    Ok("Ok(\"publish 9\")".into())
+                );
+            }
+            broker.abort();
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! never waits behind publishes the broker has no room for.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use prost::bytes::Bytes;
@@ -89,7 +90,11 @@ pub(crate) struct Requests {
 struct Shared {
     requests: Mutex<Requests>,
     /// Signalled on every request: the loop may have something to write.
+    /// Also when reads are released.
     wake: Notify,
+    /// The receiver has more deliveries than its channel holds: the loop
+    /// reads only while it awaits an answer (`eventloop`, invariants).
+    hold_reads: AtomicBool,
 }
 
 /// Queues requests for the event loop of one session. Cheap to clone.
@@ -152,6 +157,17 @@ impl Client {
             .requests
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Asks the event loop to hold its reads (`true`) or to read again.
+    pub fn hold_reads(&self, hold: bool) {
+        if self.shared.hold_reads.swap(hold, Ordering::Relaxed) && !hold {
+            self.shared.wake.notify_one();
+        }
+    }
+
+    pub(crate) fn reads_held(&self) -> bool {
+        self.shared.hold_reads.load(Ordering::Relaxed)
     }
 
     /// Resolves when a request was queued since the last time it resolved.

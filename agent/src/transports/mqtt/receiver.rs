@@ -27,7 +27,11 @@
 //!   full therefore waits in an overflow queue behind it (receive order is
 //!   kept: while the overflow is not empty, every delivery goes there, and
 //!   [`MqttReceiver::recv`] takes from the overflow only when the channel is
-//!   empty). Leaving it unacknowledged instead would block acknowledging on
+//!   empty). While the overflow is not empty the receiver holds the event
+//!   loop's reads ([`Client::hold_reads`]), so the rest of the burst waits in
+//!   the broker rather than in the agent's memory; the loop still reads while
+//!   it awaits an answer of its own (`eventloop`), and what it reads then
+//!   joins the overflow. Leaving it unacknowledged instead would block acknowledging on
 //!   the connection and force a reconnect, on which the broker resends
 //!   everything unacknowledged — a burst that overflows again: a reconnect
 //!   storm with thousands of duplicates. Only past [`OVERFLOW_LIMIT`] (more
@@ -69,6 +73,8 @@ fn lock_overflow(overflow: &Mutex<VecDeque<Delivery>>) -> MutexGuard<'_, VecDequ
 pub struct MqttReceiver {
     deliveries: mpsc::Receiver<Delivery>,
     overflow: Overflow,
+    /// To release the event loop's reads once the overflow is empty.
+    client: Client,
 }
 
 impl MqttReceiver {
@@ -83,11 +89,24 @@ impl MqttReceiver {
             if !overflow.is_empty() {
                 return match self.deliveries.try_recv() {
                     Ok(delivery) => Some(delivery),
-                    Err(_) => overflow.pop_front(),
+                    Err(_) => {
+                        let delivery = overflow.pop_front();
+                        if overflow.is_empty() {
+                            self.client.hold_reads(false);
+                        }
+                        delivery
+                    }
                 };
             }
         }
         self.deliveries.recv().await
+    }
+}
+
+impl Drop for MqttReceiver {
+    /// Nobody takes from the overflow any more: reads must not wait for it.
+    fn drop(&mut self) {
+        self.client.hold_reads(false);
     }
 }
 
@@ -250,22 +269,21 @@ impl ReceiverFeed {
         let capacity = usize::from(settings.max_in_flight).saturating_mul(CHANNEL_SLACK);
         let (tx, rx) = mpsc::channel(capacity);
         let overflow = Overflow::default();
+        let receiver = MqttReceiver {
+            deliveries: rx,
+            overflow: Arc::clone(&overflow),
+            client: client.clone(),
+        };
         let feed = Self {
             settings,
             session_id,
             client,
             acks: Arc::new(Mutex::new(AckQueue::default())),
             tx,
-            overflow: Arc::clone(&overflow),
+            overflow,
             overflowed: false,
         };
-        (
-            feed,
-            MqttReceiver {
-                deliveries: rx,
-                overflow,
-            },
-        )
+        (feed, receiver)
     }
 
     /// A CONNACK: a new generation; subscribes when the broker has no session
@@ -381,6 +399,7 @@ impl ReceiverFeed {
                 );
             }
             overflow.push_back(delivery);
+            self.client.hold_reads(true);
             return;
         }
         drop(overflow);
@@ -468,11 +487,17 @@ mod tests {
     async fn a_burst_past_the_channel_waits_in_order_and_is_acknowledged() {
         let mut settings = MqttReceiverSettings::new(vec![("t".into(), Qos::AtLeastOnce)]);
         settings.max_in_flight = 2; // a channel of 32
-        let (mut feed, mut receiver) = ReceiverFeed::new(settings, "s".into(), Client::default());
+        let client = Client::default();
+        let (mut feed, mut receiver) = ReceiverFeed::new(settings, "s".into(), client.clone());
         feed.on_connected(true);
-        for pkid in 1..=40 {
+        for pkid in 1..=32 {
             feed.on_publish(received(pkid));
         }
+        assert!(!client.reads_held(), "the channel holds the window");
+        for pkid in 33..=40 {
+            feed.on_publish(received(pkid));
+        }
+        assert!(client.reads_held(), "the overflow holds the loop's reads");
         let mut got = Vec::new();
         for pkid in 41..=50 {
             // Interleaved: the channel has room again, the overflow is not empty.
@@ -488,6 +513,7 @@ mod tests {
         }
         let want: Vec<String> = (1..=50).map(|p: u16| p.to_string()).collect();
         assert_eq!(got, want);
+        assert!(!client.reads_held(), "released once the overflow is empty");
         let mut acks = lock(&feed.acks);
         assert!(acks.entries.is_empty(), "every delivery acknowledged");
         assert!(!acks.blocked && !acks.take_reconnect_request());
