@@ -27,11 +27,12 @@
 //!   full therefore waits in an overflow queue behind it (receive order is
 //!   kept: while the overflow is not empty, every delivery goes there, and
 //!   [`MqttReceiver::recv`] takes from the overflow only when the channel is
-//!   empty). While the overflow is not empty the receiver holds the event
-//!   loop's reads ([`Client::hold_reads`]), so the rest of the burst waits in
-//!   the broker rather than in the agent's memory; the loop still reads while
-//!   it awaits an answer of its own (`eventloop`), and what it reads then
-//!   joins the overflow. Leaving it unacknowledged instead would block acknowledging on
+//!   empty). While the overflow holds more than one receive window the
+//!   receiver holds the event loop's reads ([`Client::hold_reads`]), so the
+//!   rest of the burst waits in the broker rather than in the agent's memory;
+//!   it releases them at one window, so the loop reads on while the route
+//!   takes that window. The loop still reads while it awaits an answer of its
+//!   own (`eventloop`), and what it reads then joins the overflow. Leaving it unacknowledged instead would block acknowledging on
 //!   the connection and force a reconnect, on which the broker resends
 //!   everything unacknowledged — a burst that overflows again: a reconnect
 //!   storm with thousands of duplicates. Only past [`OVERFLOW_LIMIT`] (more
@@ -73,8 +74,10 @@ fn lock_overflow(overflow: &Mutex<VecDeque<Delivery>>) -> MutexGuard<'_, VecDequ
 pub struct MqttReceiver {
     deliveries: mpsc::Receiver<Delivery>,
     overflow: Overflow,
-    /// To release the event loop's reads once the overflow is empty.
+    /// To release the event loop's reads once the overflow is down to
+    /// `window` deliveries.
     client: Client,
+    window: usize,
 }
 
 impl MqttReceiver {
@@ -91,7 +94,7 @@ impl MqttReceiver {
                     Ok(delivery) => Some(delivery),
                     Err(_) => {
                         let delivery = overflow.pop_front();
-                        if overflow.is_empty() {
+                        if overflow.len() <= self.window {
                             self.client.hold_reads(false);
                         }
                         delivery
@@ -273,6 +276,7 @@ impl ReceiverFeed {
             deliveries: rx,
             overflow: Arc::clone(&overflow),
             client: client.clone(),
+            window: usize::from(settings.max_in_flight),
         };
         let feed = Self {
             settings,
@@ -399,7 +403,9 @@ impl ReceiverFeed {
                 );
             }
             overflow.push_back(delivery);
-            self.client.hold_reads(true);
+            if overflow.len() > usize::from(self.settings.max_in_flight) {
+                self.client.hold_reads(true);
+            }
             return;
         }
         drop(overflow);
@@ -494,10 +500,17 @@ mod tests {
             feed.on_publish(received(pkid));
         }
         assert!(!client.reads_held(), "the channel holds the window");
-        for pkid in 33..=40 {
+        for pkid in 33..=34 {
             feed.on_publish(received(pkid));
         }
-        assert!(client.reads_held(), "the overflow holds the loop's reads");
+        assert!(!client.reads_held(), "one window in the overflow");
+        for pkid in 35..=40 {
+            feed.on_publish(received(pkid));
+        }
+        assert!(
+            client.reads_held(),
+            "more than a window holds the loop's reads"
+        );
         let mut got = Vec::new();
         for pkid in 41..=50 {
             // Interleaved: the channel has room again, the overflow is not empty.
@@ -513,7 +526,7 @@ mod tests {
         }
         let want: Vec<String> = (1..=50).map(|p: u16| p.to_string()).collect();
         assert_eq!(got, want);
-        assert!(!client.reads_held(), "released once the overflow is empty");
+        assert!(!client.reads_held(), "released at one window");
         let mut acks = lock(&feed.acks);
         assert!(acks.entries.is_empty(), "every delivery acknowledged");
         assert!(!acks.blocked && !acks.take_reconnect_request());
