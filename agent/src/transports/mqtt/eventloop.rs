@@ -36,14 +36,19 @@
 //! - **Keep-alive.** A PINGREQ goes out when nothing was written for the
 //!   keep-alive interval (the broker's server keep-alive when it sets one); a
 //!   PINGRESP missing one interval later ends the connection.
-//! - **A burst waits in the broker.** While the receiver holds reads
-//!   ([`Client::hold_reads`]: its delivery channel is full) the loop does not
-//!   read — the rest of a burst the broker sends past the receive window
-//!   stays in the broker and the socket — *unless it awaits an answer*: a
-//!   PUBACK or PUBCOMP of its publishes, a SUBACK or a PINGRESP. So a session
-//!   that also sends never waits for an acknowledgement behind publishes it
-//!   does not read (the receiver's overflow takes them), and the keep-alive
-//!   still sees its PINGRESP.
+//! - **A burst waits in the broker, as far as it can.** While the receiver
+//!   holds reads ([`Client::hold_reads`]: more than a receive window waits
+//!   behind its full delivery channel) the loop does not read — the rest of
+//!   a burst the broker sends past the receive window stays in the broker
+//!   and the socket — *unless it awaits an answer*: a PUBACK, PUBREC or
+//!   PUBCOMP of its publishes, a SUBACK or a PINGRESP. So a session that also
+//!   sends never waits for an acknowledgement behind publishes it does not
+//!   read, and the keep-alive still sees its PINGRESP. The price: the answer
+//!   comes behind everything the broker queued, so such a read takes the
+//!   burst into the receiver's overflow as before (a session with QoS 1/2
+//!   sends in flight, or a route stalled for a keep-alive interval, holds
+//!   little back); and while reads are held a broker's DISCONNECT or a
+//!   closed socket is noticed at the next write or PINGREQ, not at once.
 //! - **Cancel safety.** `poll` may be dropped at any await (the session stops):
 //!   the partial read and the unwritten rest of a write live in the
 //!   connection, never in a future.
@@ -144,13 +149,13 @@ struct Connection {
 }
 
 impl Connection {
-    /// When to send a PINGREQ, or to give up on the PINGRESP.
     /// Whether the broker owes this connection an answer: to a publish, a
     /// subscription or a PINGREQ.
     fn awaits_answer(&self) -> bool {
         !self.inflight.pending.is_empty() || self.ping_sent.is_some()
     }
 
+    /// When to send a PINGREQ, or to give up on the PINGRESP.
     fn keep_alive_deadline(&self) -> Option<Instant> {
         let interval = self.keep_alive?;
         Some(self.ping_sent.unwrap_or(self.last_write) + interval)
@@ -404,7 +409,10 @@ impl EventLoop {
         let Some(connection) = self.connection.as_mut() else {
             return Ok(());
         };
-        if !connection.read_due && !connection.closing {
+        // Reads are owed after a write, unless they are held: then the
+        // loop writes on.
+        let held = self.client.reads_held() && !connection.awaits_answer();
+        if (!connection.read_due || held) && !connection.closing {
             take_requests(&self.client, self.codec, connection, &mut self.events)?;
             if connection.write.is_empty() && !self.events.is_empty() {
                 // Only publishes refused for their size: report them now,

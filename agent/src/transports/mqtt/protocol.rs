@@ -92,8 +92,9 @@ struct Shared {
     /// Signalled on every request: the loop may have something to write.
     /// Also when reads are released.
     wake: Notify,
-    /// The receiver has more deliveries than its channel holds: the loop
-    /// reads only while it awaits an answer (`eventloop`, invariants).
+    /// More than a receive window waits behind the receiver's full channel:
+    /// the loop reads only while it awaits an answer (`eventloop`,
+    /// invariants).
     hold_reads: AtomicBool,
 }
 

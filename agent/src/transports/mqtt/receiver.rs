@@ -27,18 +27,21 @@
 //!   full therefore waits in an overflow queue behind it (receive order is
 //!   kept: while the overflow is not empty, every delivery goes there, and
 //!   [`MqttReceiver::recv`] takes from the overflow only when the channel is
-//!   empty). While the overflow holds more than one receive window the
-//!   receiver holds the event loop's reads ([`Client::hold_reads`]), so the
-//!   rest of the burst waits in the broker rather than in the agent's memory;
-//!   it releases them at one window, so the loop reads on while the route
-//!   takes that window. The loop still reads while it awaits an answer of its
-//!   own (`eventloop`), and what it reads then joins the overflow. Leaving it unacknowledged instead would block acknowledging on
+//!   empty). Leaving it unacknowledged instead would block acknowledging on
 //!   the connection and force a reconnect, on which the broker resends
 //!   everything unacknowledged — a burst that overflows again: a reconnect
 //!   storm with thousands of duplicates. Only past [`OVERFLOW_LIMIT`] (more
 //!   than a broker can have unacknowledged, packet ids being 16-bit) is a
 //!   QoS 1/2 message left unacknowledged as above and a QoS 0 message dropped
 //!   (at most once).
+//! - **The rest of a burst waits in the broker, as far as it can.** While
+//!   the overflow holds more than one receive window the receiver holds the
+//!   event loop's reads ([`Client::hold_reads`]); it releases them when the
+//!   overflow is down to one window, so the loop reads on while the route
+//!   takes that window, and when the receiver is dropped. Hold and release
+//!   happen under the overflow's lock, so a held loop always has an overflow
+//!   to wait for. The loop still reads while it awaits an answer of its own
+//!   (`eventloop`), and what it reads then joins the overflow.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -108,7 +111,11 @@ impl MqttReceiver {
 
 impl Drop for MqttReceiver {
     /// Nobody takes from the overflow any more: reads must not wait for it.
+    /// The channel is closed first, so that the feed (which checks it under
+    /// the overflow's lock) holds them no more.
     fn drop(&mut self) {
+        self.deliveries.close();
+        let _overflow = lock_overflow(&self.overflow);
         self.client.hold_reads(false);
     }
 }
@@ -374,11 +381,14 @@ impl ReceiverFeed {
     /// Into the channel, or behind it into the overflow when the channel is
     /// full or the overflow not empty (receive order).
     fn deliver(&mut self, delivery: Delivery, qos: Qos) {
+        let mut overflow = lock_overflow(&self.overflow);
+        // Under the lock: a receiver being dropped closes the channel, then
+        // releases the reads under it.
         if self.tx.is_closed() {
+            drop(overflow);
             delivery.settle.settle(Outcome::Shutdown);
             return;
         }
-        let mut overflow = lock_overflow(&self.overflow);
         let delivery = if overflow.is_empty() {
             match self.tx.try_send(delivery) {
                 Ok(()) => return,
@@ -530,6 +540,41 @@ mod tests {
         let mut acks = lock(&feed.acks);
         assert!(acks.entries.is_empty(), "every delivery acknowledged");
         assert!(!acks.blocked && !acks.take_reconnect_request());
+    }
+
+    /// Reads are held while more than a window waits in the overflow,
+    /// released at one window, and released for good when the receiver is
+    /// dropped.
+    #[tokio::test]
+    async fn reads_are_held_past_one_window_in_the_overflow() {
+        let mut settings = MqttReceiverSettings::new(vec![("t".into(), Qos::AtLeastOnce)]);
+        settings.max_in_flight = 2; // a channel of 32
+        let client = Client::default();
+        let (mut feed, mut receiver) = ReceiverFeed::new(settings, "s".into(), client.clone());
+        feed.on_connected(true);
+        for pkid in 1..=37 {
+            feed.on_publish(received(pkid)); // 32 in the channel, 5 in the overflow
+        }
+        assert!(client.reads_held());
+        for _ in 0..32 + 2 {
+            let d = receiver.recv().await.expect("a delivery");
+            d.settle.settle(Outcome::Sent);
+        }
+        assert!(client.reads_held(), "three still wait in the overflow");
+        let d = receiver.recv().await.expect("a delivery");
+        d.settle.settle(Outcome::Sent);
+        assert!(!client.reads_held(), "released at one window");
+        for pkid in 38..=80 {
+            feed.on_publish(received(pkid));
+        }
+        assert!(client.reads_held());
+        drop(receiver);
+        assert!(
+            !client.reads_held(),
+            "released when the receiver is dropped"
+        );
+        feed.on_publish(received(81));
+        assert!(!client.reads_held(), "a closed receiver holds nothing");
     }
 
     #[test]
