@@ -483,6 +483,11 @@ fn sent(f: &Fixture) -> Vec<(String, String)> {
     f.sender.sent.lock().expect("lock").clone()
 }
 
+/// How many records are claimed.
+fn claimed(f: &Fixture) -> usize {
+    left(f).iter().filter(|(_, claimed, _)| *claimed).count()
+}
+
 /// The records left in the outbox: (seq, claimed, replay count).
 fn left(f: &Fixture) -> Vec<(u64, bool, u32)> {
     let dump = f.outbox.dump(P).expect("dump");
@@ -506,7 +511,7 @@ async fn a_batch_claimed_beside_a_write_is_sent_only_once_that_write_is_answered
         12,
         "three batches sent while the first one's write is unanswered"
     );
-    let claimed = left(&f).iter().filter(|(_, claimed, _)| *claimed).count();
+    let claimed = claimed(&f);
     assert_eq!(claimed, 12, "the fourth batch was claimed beside the write");
     f.faults.hold.store(false, Ordering::SeqCst);
     f.faults.release.notify_one();
@@ -553,7 +558,7 @@ async fn a_batch_claimed_beside_a_failed_write_goes_back_untried() {
     let run = spawn_cycle(&f, &CancellationToken::new());
     reached(&f.faults.entered).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let claimed = left(&f).iter().filter(|(_, claimed, _)| *claimed).count();
+    let claimed = claimed(&f);
     assert_eq!(claimed, 16, "the fourth batch was claimed beside the write");
     f.faults.release.notify_one();
     let first = finished(run).await;

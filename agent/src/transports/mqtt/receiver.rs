@@ -496,16 +496,22 @@ mod tests {
         }
     }
 
+    /// A connected receiver with a receive window of 2 (a channel of 32).
+    fn window_of_two() -> (Client, ReceiverFeed, MqttReceiver) {
+        let mut settings = MqttReceiverSettings::new(vec![("t".into(), Qos::AtLeastOnce)]);
+        settings.max_in_flight = 2;
+        let client = Client::default();
+        let (mut feed, receiver) = ReceiverFeed::new(settings, "s".into(), client.clone());
+        feed.on_connected(true);
+        (client, feed, receiver)
+    }
+
     /// Mosquitto 2.0.11 sends past the receive window: what does not fit the
     /// channel waits behind it, in receive order, and every delivery can be
     /// acknowledged (no reconnect).
     #[tokio::test]
     async fn a_burst_past_the_channel_waits_in_order_and_is_acknowledged() {
-        let mut settings = MqttReceiverSettings::new(vec![("t".into(), Qos::AtLeastOnce)]);
-        settings.max_in_flight = 2; // a channel of 32
-        let client = Client::default();
-        let (mut feed, mut receiver) = ReceiverFeed::new(settings, "s".into(), client.clone());
-        feed.on_connected(true);
+        let (client, mut feed, mut receiver) = window_of_two();
         for pkid in 1..=32 {
             feed.on_publish(received(pkid));
         }
@@ -547,11 +553,7 @@ mod tests {
     /// dropped.
     #[tokio::test]
     async fn reads_are_held_past_one_window_in_the_overflow() {
-        let mut settings = MqttReceiverSettings::new(vec![("t".into(), Qos::AtLeastOnce)]);
-        settings.max_in_flight = 2; // a channel of 32
-        let client = Client::default();
-        let (mut feed, mut receiver) = ReceiverFeed::new(settings, "s".into(), client.clone());
-        feed.on_connected(true);
+        let (client, mut feed, mut receiver) = window_of_two();
         for pkid in 1..=37 {
             feed.on_publish(received(pkid)); // 32 in the channel, 5 in the overflow
         }
