@@ -155,6 +155,12 @@ impl Connection {
         !self.inflight.pending.is_empty() || self.ping_sent.is_some()
     }
 
+    /// Whether to read: unless the receiver holds reads and nothing is
+    /// awaited (see the module's invariants).
+    fn may_read(&self, client: &Client) -> bool {
+        !client.reads_held() || self.awaits_answer()
+    }
+
     /// When to send a PINGREQ, or to give up on the PINGRESP.
     fn keep_alive_deadline(&self) -> Option<Instant> {
         let interval = self.keep_alive?;
@@ -411,8 +417,7 @@ impl EventLoop {
         };
         // Reads are owed after a write, unless they are held: then the
         // loop writes on.
-        let held = self.client.reads_held() && !connection.awaits_answer();
-        if (!connection.read_due || held) && !connection.closing {
+        if (!connection.read_due || !connection.may_read(&self.client)) && !connection.closing {
             take_requests(&self.client, self.codec, connection, &mut self.events)?;
             if connection.write.is_empty() && !self.events.is_empty() {
                 // Only publishes refused for their size: report them now,
@@ -436,7 +441,7 @@ impl EventLoop {
         }
         connection.read_due = false;
         connection.read.reserve(READ_ROOM);
-        let read = !self.client.reads_held() || connection.awaits_answer();
+        let read = connection.may_read(&self.client);
         let deadline = connection.keep_alive_deadline();
         let keep_alive = async {
             match deadline {
