@@ -38,15 +38,28 @@ pub(super) fn decode(bytes: &[u8], count: usize, msg: i64) -> StoreResult<Vec<En
     let corrupt = |what: &str| {
         StoreError::Corrupt(format!("outbox message {msg}: its record list is {what}"))
     };
+    // A length under 128 is one ASCII byte, so the list of a message whose
+    // fields are all shorter (nearly every one) is itself UTF-8 text: checked
+    // once, its fields are slices of it, where a check per field cost a
+    // call's overhead nine times per message. A field is UTF-8 exactly when
+    // its slice of a valid text falls on character boundaries (`str::get`),
+    // since a byte under 0x80 ends every length before it. Otherwise each
+    // field is checked alone.
+    let text = std::str::from_utf8(bytes).ok();
     let mut rest = bytes;
     let mut field = || -> StoreResult<&str> {
         let len = take_len(&mut rest).ok_or_else(|| corrupt("cut short"))?;
         if len > rest.len() {
             return Err(corrupt("cut short"));
         }
-        let (text, after) = rest.split_at(len);
+        let start = bytes.len() - rest.len();
+        let (field, after) = rest.split_at(len);
         rest = after;
-        std::str::from_utf8(text).map_err(|_| corrupt("not UTF-8"))
+        match text {
+            Some(text) => text.get(start..start + len),
+            None => std::str::from_utf8(field).ok(),
+        }
+        .ok_or_else(|| corrupt("not UTF-8"))
     };
     let mut entries = Vec::with_capacity(count);
     for _ in 0..count {
@@ -131,10 +144,60 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_field_cut_inside_a_character_is_refused_even_when_the_whole_list_is_utf8() {
+        // The id is the first byte of "é"; the binding's length, 130, is
+        // encoded 0x82 0x01, and 0x82 completes a character with it.
+        let binding = "b".repeat(130);
+        let mut bytes = vec![1, 0xc3, 0x82, 0x01];
+        bytes.extend_from_slice(binding.as_bytes());
+        bytes.extend_from_slice(&[1, b'a']);
+        assert!(std::str::from_utf8(&bytes).is_ok());
+        let e = decode(&bytes, 1, 7).expect_err("refused");
+        assert!(
+            matches!(&e, StoreError::Corrupt(m) if m.contains("not UTF-8")),
+            "{e:?}"
+        );
+        assert_eq!(decode_field_by_field(&bytes, 1), None);
+    }
+
+    /// The list's entries with each field checked on its own, or `None`.
+    fn decode_field_by_field(bytes: &[u8], count: usize) -> Option<Vec<Entry<'_>>> {
+        let mut rest = bytes;
+        let mut field = || {
+            let len = take_len(&mut rest)?;
+            let (field, after) = rest.split_at_checked(len)?;
+            rest = after;
+            std::str::from_utf8(field).ok()
+        };
+        let entries = (0..count)
+            .map(|_| {
+                Some(Entry {
+                    id: field()?,
+                    binding: field()?,
+                    address: field()?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        rest.is_empty().then_some(entries)
+    }
+
     proptest! {
         #[test]
         fn decoding_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64), count in 0usize..4) {
             let _ = decode(&bytes, count, 1);
+        }
+
+        /// Whatever the bytes, the list decodes as it does field by field.
+        #[test]
+        fn decoding_checks_each_field_as_one_check_per_field_would(
+            bytes in proptest::collection::vec(prop_oneof![Just(0x01u8), Just(0x02), Just(0x03), Just(0x61), Just(0x81), Just(0xc3), Just(0xe2), Just(0x82), Just(0xac), any::<u8>()], 0..24),
+            count in 0usize..3,
+        ) {
+            prop_assert_eq!(
+                decode(&bytes, count, 1).ok(),
+                decode_field_by_field(&bytes, count)
+            );
         }
 
         #[test]
