@@ -54,6 +54,8 @@ fn block_on(
     };
     let served = runtime.block_on(async {
         let telemetry = crate::cli::telemetry(args, config)?;
+        #[cfg(feature = "jemalloc")]
+        crate::allocator::warn_unless_measured();
         let served = serve.await;
         telemetry.shutdown().await;
         served
