@@ -17,11 +17,16 @@
 //!   are alive. The caller retries; the broker may see a message twice, never
 //!   lose one;
 //! - while disconnected a send fails at once (the drainer does not send then);
-//!   every send is bounded by `send_timeout`.
+//!   every send is bounded by `send_timeout`: its waiter carries its
+//!   deadline, and the session's event task answers the waiters whose
+//!   deadline passed ([`Outbound::expire`], one timer per session at the
+//!   earliest deadline instead of one per send, which cost about 600
+//!   instructions per send). A waiter that timed out while queued keeps its
+//!   place, empty, so the "written" events still meet the waiters in order.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use ferry_shared::envelope::Envelope;
 use tokio::sync::{Notify, oneshot, watch};
@@ -33,7 +38,32 @@ use super::publish::Publish;
 use super::settings::{MqttSenderSettings, Protocol, topic_problem};
 use crate::transports::{Address, SendError, SendFuture, Sender};
 
-type Waiter = oneshot::Sender<Result<(), SendError>>;
+/// A send waiting for its outcome, until its deadline.
+#[derive(Debug)]
+struct Waiter {
+    /// `None` once answered by [`Outbound::expire`] (the place is kept).
+    tx: Option<oneshot::Sender<Result<(), SendError>>>,
+    deadline: Instant,
+    /// The sender's `send_timeout`, for the error.
+    timeout: Duration,
+}
+
+impl Waiter {
+    fn answer(&mut self, outcome: Result<(), SendError>) {
+        if let Some(tx) = self.tx.take() {
+            // The caller may have gone: nothing to tell then.
+            tx.send(outcome).ok();
+        }
+    }
+
+    fn expire(&mut self, now: Instant) -> bool {
+        let expired = self.deadline <= now;
+        if expired {
+            self.answer(Err(SendError::Timeout(self.timeout)));
+        }
+        expired
+    }
+}
 
 /// The publishes of one session awaiting their outcome.
 #[derive(Debug, Default)]
@@ -46,6 +76,9 @@ pub(crate) struct Outbound {
     queued: VecDeque<Waiter>,
     /// Written, awaiting PUBACK / PUBCOMP.
     inflight: PacketIdMap<Waiter>,
+    /// No waiter's deadline is earlier (it may be earlier than every
+    /// waiter's: answered waiters do not move it).
+    earliest: Option<Instant>,
 }
 
 impl Outbound {
@@ -61,42 +94,85 @@ impl Outbound {
         self.max_packet = broker.map_or(ours, |b| ours.min(b as usize));
     }
 
+    /// Queues a send's waiter; `true` when its deadline is now the earliest
+    /// (the session's timer must be set sooner: [`SenderShared::deadlines`]).
+    fn push(
+        &mut self,
+        tx: oneshot::Sender<Result<(), SendError>>,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> bool {
+        let sooner = self.earliest.is_none_or(|e| deadline < e);
+        if sooner {
+            self.earliest = Some(deadline);
+        }
+        self.queued.push_back(Waiter {
+            tx: Some(tx),
+            deadline,
+            timeout,
+        });
+        sooner
+    }
+
     pub fn on_written(&mut self, pkid: u16) {
-        let Some(waiter) = self.queued.pop_front() else {
+        let Some(mut waiter) = self.queued.pop_front() else {
             tracing::warn!(pkid, "a publish was written that no sender waits for");
             return;
         };
         if pkid == 0 {
-            waiter.send(Ok(())).ok();
-        } else {
+            waiter.answer(Ok(()));
+        } else if waiter.tx.is_some() {
             self.inflight.insert(pkid, waiter);
         }
     }
 
     pub fn on_failed(&mut self, error: SendError) {
-        if let Some(waiter) = self.queued.pop_front() {
-            waiter.send(Err(error)).ok();
+        if let Some(mut waiter) = self.queued.pop_front() {
+            waiter.answer(Err(error));
         }
     }
 
     pub fn on_acked(&mut self, pkid: u16, refused: Option<SendError>) {
-        if let Some(waiter) = self.inflight.remove(&pkid) {
-            // The caller may have timed out and gone: nothing to tell then.
-            waiter.send(refused.map_or(Ok(()), Err)).ok();
+        if let Some(mut waiter) = self.inflight.remove(&pkid) {
+            waiter.answer(refused.map_or(Ok(()), Err));
         }
+    }
+
+    /// The earliest deadline of a waiter, or earlier; `None` without waiters.
+    pub fn earliest(&self) -> Option<Instant> {
+        self.earliest
+    }
+
+    /// Answers every waiter whose deadline is `now` or earlier with
+    /// [`SendError::Timeout`] (a queued one keeps its place), and returns the
+    /// earliest deadline of those left.
+    pub fn expire(&mut self, now: Instant) -> Option<Instant> {
+        self.inflight.retain(|_, waiter| !waiter.expire(now));
+        for waiter in &mut self.queued {
+            waiter.expire(now);
+        }
+        self.earliest = self
+            .queued
+            .iter()
+            .filter(|w| w.tx.is_some())
+            .chain(self.inflight.values())
+            .map(|w| w.deadline)
+            .min();
+        self.earliest
     }
 
     /// Fails every waiter; the session is disconnected (or stopped) until the
     /// next [`Outbound::on_connected`].
     pub fn fail_all(&mut self, error: &SendError) {
         self.connected = false;
-        for waiter in self
+        for mut waiter in self
             .queued
             .drain(..)
             .chain(self.inflight.drain().map(|(_, w)| w))
         {
-            waiter.send(Err(error.clone())).ok();
+            waiter.answer(Err(error.clone()));
         }
+        self.earliest = None;
     }
 
     pub fn stop(&mut self) {
@@ -118,6 +194,9 @@ pub(crate) struct SenderShared {
     /// Signalled after every event of the loop: the request queue may have
     /// room again.
     pub progress: Notify,
+    /// Signalled when a waiter's deadline became the earliest (from none,
+    /// usually): the session sets its timer for it.
+    pub deadlines: Notify,
 }
 
 /// Publishes envelopes on one MQTT session. Cheap to clone; clones share the
@@ -187,7 +266,9 @@ impl MqttSender {
                 match self.client.try_publish(publish) {
                     Ok(()) => {
                         let (tx, rx) = oneshot::channel();
-                        outbound.queued.push_back(tx);
+                        if outbound.push(tx, deadline, self.settings.send_timeout) {
+                            self.shared.deadlines.notify_one();
+                        }
                         break rx;
                     }
                     Err(PublishNotQueued(returned)) => publish = returned,
@@ -198,11 +279,10 @@ impl MqttSender {
                 return Err(SendError::Timeout(self.settings.send_timeout));
             }
         };
-        match timeout_at(deadline, outcome).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(SendError::Transient("the session stopped".into())),
-            Err(_) => Err(SendError::Timeout(self.settings.send_timeout)),
-        }
+        // Answered by the session, at the latest when the deadline passed.
+        outcome
+            .await
+            .unwrap_or_else(|_| Err(SendError::Transient("the session stopped".into())))
     }
 }
 
@@ -220,10 +300,53 @@ impl Sender for MqttSender {
 mod tests {
     use super::*;
 
+    const TIMEOUT: Duration = Duration::from_secs(30);
+
     fn waiter(outbound: &mut Outbound) -> oneshot::Receiver<Result<(), SendError>> {
+        waiter_until(outbound, Instant::now() + TIMEOUT)
+    }
+
+    fn waiter_until(
+        outbound: &mut Outbound,
+        deadline: Instant,
+    ) -> oneshot::Receiver<Result<(), SendError>> {
         let (tx, rx) = oneshot::channel();
-        outbound.queued.push_back(tx);
+        outbound.push(tx, deadline, TIMEOUT);
         rx
+    }
+
+    fn timed_out(rx: &mut oneshot::Receiver<Result<(), SendError>>) -> bool {
+        matches!(rx.try_recv(), Ok(Err(SendError::Timeout(TIMEOUT))))
+    }
+
+    #[test]
+    fn waiters_past_their_deadline_time_out_and_a_queued_one_keeps_its_place() {
+        let mut o = Outbound::new(1024);
+        o.on_connected(1024, None);
+        let start = Instant::now();
+        let at = |secs| start + Duration::from_secs(secs);
+        let mut a = waiter_until(&mut o, at(1)); // written, never acknowledged
+        let mut b = waiter_until(&mut o, at(3)); // written, acknowledged in time
+        let mut c = waiter_until(&mut o, at(2)); // still queued at its deadline
+        let mut d = waiter_until(&mut o, at(4)); // queued behind it
+        assert_eq!(o.earliest(), Some(at(1)));
+        o.on_written(1);
+        o.on_written(2);
+        assert_eq!(o.expire(at(1)), Some(at(2)));
+        assert!(timed_out(&mut a));
+        o.on_acked(1, None); // too late: nobody waits
+        o.on_acked(2, None);
+        assert_eq!(b.try_recv().ok(), Some(Ok(())));
+        assert_eq!(o.expire(at(2)), Some(at(4)));
+        assert!(timed_out(&mut c));
+        // c's publish is written after all: it still takes c's place, not d's.
+        o.on_written(3);
+        o.on_written(4);
+        assert_eq!(o.expire(at(3)), Some(at(4)));
+        o.on_acked(4, None);
+        assert_eq!(d.try_recv().ok(), Some(Ok(())));
+        assert_eq!(o.expire(at(4)), None);
+        assert!(o.inflight.is_empty() && o.queued.is_empty());
     }
 
     #[test]

@@ -12,13 +12,14 @@
 //! broker URL and the error; again only if the error changes; and one line
 //! when it connects, with how many attempts failed and for how long.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 use super::eventloop::{self, EventLoop};
@@ -95,6 +96,7 @@ impl MqttSession {
         let senders = Arc::new(SenderShared {
             outbound: std::sync::Mutex::new(Outbound::new(settings.max_packet_bytes as usize)),
             progress: Notify::new(),
+            deadlines: Notify::new(),
         });
         let (connected_tx, connected) = watch::channel(false);
         let reconnects = Arc::new(AtomicU64::new(0));
@@ -111,6 +113,7 @@ impl MqttSession {
             reconnects: Arc::clone(&reconnects),
             backoff: Backoff::new(settings.reconnect_initial, settings.reconnect_max),
             disconnect_sent: false,
+            deadlines: Deadlines::new(),
         };
         tracing::info!(
             session = %settings.name,
@@ -203,6 +206,35 @@ struct EventTask {
     /// Our DISCONNECT was written on the current connection: its end is
     /// deliberate, not a lost connection.
     disconnect_sent: bool,
+    deadlines: Deadlines,
+}
+
+/// The session's one timer for its senders' deadlines: set for the earliest
+/// waiter's, it answers those past theirs ([`sender::Outbound::expire`]) and
+/// is set again for the next, or left unset when none waits.
+struct Deadlines {
+    timer: Pin<Box<Sleep>>,
+    /// When the timer fires; `None` when unset.
+    set_for: Option<Instant>,
+}
+
+impl Deadlines {
+    fn new() -> Self {
+        Self {
+            timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+            set_for: None,
+        }
+    }
+
+    /// Sets the timer for `earliest` unless it fires sooner already.
+    fn set(&mut self, earliest: Option<Instant>) {
+        if let Some(at) = earliest
+            && self.set_for.is_none_or(|set_for| at < set_for)
+        {
+            self.timer.as_mut().reset(at);
+            self.set_for = Some(at);
+        }
+    }
 }
 
 impl EventTask {
@@ -213,10 +245,25 @@ impl EventTask {
         // unregisters again each time.
         let cancelled = shutdown.cancelled();
         tokio::pin!(cancelled);
+        // Kept across iterations for the same reason.
+        let senders = Arc::clone(&self.senders);
+        let sooner = senders.deadlines.notified();
+        tokio::pin!(sooner);
         loop {
             let polled = tokio::select! {
                 biased;
                 () = &mut cancelled => break,
+                () = &mut self.deadlines.timer, if self.deadlines.set_for.is_some() => {
+                    self.deadlines.set_for = None;
+                    let next = sender::lock(&senders.outbound).expire(Instant::now());
+                    self.deadlines.set(next);
+                    continue;
+                }
+                () = &mut sooner => {
+                    sooner.set(senders.deadlines.notified());
+                    self.deadlines.set(sender::lock(&senders.outbound).earliest());
+                    continue;
+                }
                 polled = self.eventloop.poll() => polled,
             };
             match polled {
@@ -376,6 +423,8 @@ impl EventTask {
             self.eventloop.discard_unsent();
             outbound.fail_all(&SendError::Transient(why.to_owned()));
         }
+        // No waiter is left; the timer must not cut a connection attempt short.
+        self.deadlines.set_for = None;
         self.connected.send_replace(false);
         self.senders.progress.notify_waiters();
     }
@@ -413,4 +462,76 @@ struct Outage {
     since: Instant,
     failed: u64,
     error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use rumqttc::v5::mqttbytes::v5::{ConnAck, ConnectReturnCode, Packet};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::transports::Address;
+
+    /// A broker that accepts one connection, answers its CONNECT and then
+    /// reads everything and acknowledges nothing.
+    async fn silent_broker() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let port = listener.local_addr().expect("bound").port();
+        tokio::spawn(async move {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+            let mut out = prost::bytes::BytesMut::new();
+            let connack = Packet::ConnAck(ConnAck {
+                session_present: false,
+                code: ConnectReturnCode::Success,
+                properties: None,
+            });
+            connack.write(&mut out, None).expect("encodable");
+            let _ = socket.write_all(&out).await;
+            while socket.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+        });
+        port
+    }
+
+    /// A send that is never acknowledged fails with a timeout at its
+    /// deadline, through the session's one timer, and so does the next one
+    /// after the session had no send waiting (the timer is set again).
+    #[tokio::test]
+    async fn an_unacknowledged_send_times_out_at_its_deadline() {
+        let port = silent_broker().await;
+        let shutdown = CancellationToken::new();
+        let settings = MqttSessionSettings::new("t", format!("tcp://127.0.0.1:{port}"), "c-t");
+        let session = MqttSession::start(settings, shutdown.clone()).expect("started");
+        let mut connected = session.connected();
+        tokio::time::timeout(Duration::from_secs(10), connected.wait_for(|c| *c))
+            .await
+            .expect("connected in time")
+            .expect("session alive");
+        let timeout = Duration::from_millis(300);
+        let sender = session.sender(MqttSenderSettings {
+            send_timeout: timeout,
+            ..MqttSenderSettings::default()
+        });
+        let envelope = crate::stores::conformance::envelope("a");
+        let address = Address::new(Arc::from("t/a"));
+        for _ in 0..2 {
+            let started = Instant::now();
+            let outcome =
+                tokio::time::timeout(Duration::from_secs(10), sender.send(&envelope, &address))
+                    .await
+                    .expect("answered");
+            let took = started.elapsed();
+            assert!(
+                matches!(outcome, Err(SendError::Timeout(t)) if t == timeout),
+                "{outcome:?}"
+            );
+            assert!(took >= timeout && took < Duration::from_secs(3), "{took:?}");
+        }
+        shutdown.cancel();
+        session.stopped().await;
+    }
 }
