@@ -18,11 +18,11 @@
 //!   lose one;
 //! - while disconnected a send fails at once (the drainer does not send then);
 //!   every send is bounded by `send_timeout`: its waiter carries its
-//!   deadline, and the session's event task answers the waiters whose
-//!   deadline passed ([`Outbound::expire`], one timer per session at the
-//!   earliest deadline instead of one per send, which cost about 600
-//!   instructions per send). A waiter that timed out while queued keeps its
-//!   place, empty, so the "written" events still meet the waiters in order.
+//!   deadline, and a task of the session answers the waiters whose deadline
+//!   passed ([`Outbound::expire`], one timer per session at the earliest
+//!   deadline instead of one per send, which cost about 600 instructions per
+//!   send). A waiter that timed out while queued keeps its place, empty, so
+//!   the "written" events still meet the waiters in order.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -317,6 +317,22 @@ mod tests {
 
     fn timed_out(rx: &mut oneshot::Receiver<Result<(), SendError>>) -> bool {
         matches!(rx.try_recv(), Ok(Err(SendError::Timeout(TIMEOUT))))
+    }
+
+    /// `push` tells when a deadline became the earliest, so that the
+    /// session sets its timer sooner.
+    #[test]
+    fn a_push_tells_when_its_deadline_is_the_earliest() {
+        let mut o = Outbound::new(1024);
+        o.on_connected(1024, None);
+        let start = Instant::now();
+        let at = |secs| start + Duration::from_secs(secs);
+        let mut push = |deadline| o.push(oneshot::channel().0, deadline, TIMEOUT);
+        assert!(push(at(2)), "the first");
+        assert!(!push(at(3)), "later");
+        assert!(!push(at(2)), "as early");
+        assert!(push(at(1)), "earlier");
+        assert_eq!(o.earliest(), Some(at(1)));
     }
 
     #[test]

@@ -12,14 +12,13 @@
 //! broker URL and the error; again only if the error changes; and one line
 //! when it connects, with how many attempts failed and for how long.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::eventloop::{self, EventLoop};
@@ -113,7 +112,7 @@ impl MqttSession {
             reconnects: Arc::clone(&reconnects),
             backoff: Backoff::new(settings.reconnect_initial, settings.reconnect_max),
             disconnect_sent: false,
-            deadlines: Deadlines::new(),
+            deadlines: tokio::spawn(enforce_deadlines(Arc::clone(&senders))),
         };
         tracing::info!(
             session = %settings.name,
@@ -206,33 +205,41 @@ struct EventTask {
     /// Our DISCONNECT was written on the current connection: its end is
     /// deliberate, not a lost connection.
     disconnect_sent: bool,
-    deadlines: Deadlines,
+    /// [`enforce_deadlines`], ended once every waiter was answered at the
+    /// session's stop.
+    deadlines: JoinHandle<()>,
 }
 
-/// The session's one timer for its senders' deadlines: set for the earliest
-/// waiter's, it answers those past theirs ([`sender::Outbound::expire`]) and
-/// is set again for the next, or left unset when none waits.
-struct Deadlines {
-    timer: Pin<Box<Sleep>>,
-    /// When the timer fires; `None` when unset.
-    set_for: Option<Instant>,
-}
-
-impl Deadlines {
-    fn new() -> Self {
-        Self {
-            timer: Box::pin(tokio::time::sleep_until(Instant::now())),
-            set_for: None,
-        }
-    }
-
-    /// Sets the timer for `earliest` unless it fires sooner already.
-    fn set(&mut self, earliest: Option<Instant>) {
+/// The session's one timer for its senders' deadlines, in a task of its own
+/// (so that it never interrupts the event loop's `poll`, and answers sends
+/// even while the event task shuts down): set for the earliest waiter's
+/// deadline, it answers those past theirs ([`sender::Outbound::expire`]) and
+/// is set again for the next, or left unset when none waits. A send whose
+/// deadline became the earliest tells it (`SenderShared::deadlines`).
+async fn enforce_deadlines(senders: Arc<SenderShared>) {
+    let timer = tokio::time::sleep_until(Instant::now());
+    tokio::pin!(timer);
+    let mut set_for: Option<Instant> = None;
+    let sooner = senders.deadlines.notified();
+    tokio::pin!(sooner);
+    loop {
+        let earliest = tokio::select! {
+            () = &mut timer, if set_for.is_some() => {
+                set_for = None;
+                sender::lock(&senders.outbound).expire(Instant::now())
+            }
+            () = &mut sooner => {
+                sooner.set(senders.deadlines.notified());
+                sender::lock(&senders.outbound).earliest()
+            }
+        };
+        // Only ever sooner: a timer that fires early finds nothing past its
+        // deadline and is set for the earliest left.
         if let Some(at) = earliest
-            && self.set_for.is_none_or(|set_for| at < set_for)
+            && set_for.is_none_or(|set| at < set)
         {
-            self.timer.as_mut().reset(at);
-            self.set_for = Some(at);
+            timer.as_mut().reset(at);
+            set_for = Some(at);
         }
     }
 }
@@ -245,25 +252,10 @@ impl EventTask {
         // unregisters again each time.
         let cancelled = shutdown.cancelled();
         tokio::pin!(cancelled);
-        // Kept across iterations for the same reason.
-        let senders = Arc::clone(&self.senders);
-        let sooner = senders.deadlines.notified();
-        tokio::pin!(sooner);
         loop {
             let polled = tokio::select! {
                 biased;
                 () = &mut cancelled => break,
-                () = &mut self.deadlines.timer, if self.deadlines.set_for.is_some() => {
-                    self.deadlines.set_for = None;
-                    let next = sender::lock(&senders.outbound).expire(Instant::now());
-                    self.deadlines.set(next);
-                    continue;
-                }
-                () = &mut sooner => {
-                    sooner.set(senders.deadlines.notified());
-                    self.deadlines.set(sender::lock(&senders.outbound).earliest());
-                    continue;
-                }
                 polled = self.eventloop.poll() => polled,
             };
             match polled {
@@ -423,8 +415,6 @@ impl EventTask {
             self.eventloop.discard_unsent();
             outbound.fail_all(&SendError::Transient(why.to_owned()));
         }
-        // No waiter is left; the timer must not cut a connection attempt short.
-        self.deadlines.set_for = None;
         self.connected.send_replace(false);
         self.senders.progress.notify_waiters();
     }
@@ -449,6 +439,8 @@ impl EventTask {
             feed.on_disconnected();
         }
         sender::lock(&self.senders.outbound).stop();
+        // Every waiter is answered and no send can wait any more.
+        self.deadlines.abort();
         self.connected.send_replace(false);
         self.senders.progress.notify_waiters();
         tracing::info!(session = %self.name, "mqtt session stopped");
@@ -532,6 +524,62 @@ mod tests {
             assert!(took >= timeout && took < Duration::from_secs(3), "{took:?}");
         }
         shutdown.cancel();
+        session.stopped().await;
+    }
+
+    /// A send with a shorter timeout than the one already waiting times out
+    /// at its own deadline (the timer is set sooner), and the waiting one is
+    /// answered when the session stops.
+    #[tokio::test]
+    async fn a_shorter_deadline_than_the_one_waiting_is_kept() {
+        let port = silent_broker().await;
+        let shutdown = CancellationToken::new();
+        let settings = MqttSessionSettings::new("t", format!("tcp://127.0.0.1:{port}"), "c-t");
+        let session = MqttSession::start(settings, shutdown.clone()).expect("started");
+        let mut connected = session.connected();
+        tokio::time::timeout(Duration::from_secs(10), connected.wait_for(|c| *c))
+            .await
+            .expect("connected in time")
+            .expect("session alive");
+        let sender = |timeout| {
+            session.sender(MqttSenderSettings {
+                send_timeout: timeout,
+                ..MqttSenderSettings::default()
+            })
+        };
+        let (slow, quick) = (
+            sender(Duration::from_secs(60)),
+            sender(Duration::from_millis(300)),
+        );
+        let envelope = crate::stores::conformance::envelope("a");
+        let address = Address::new(Arc::from("t/a"));
+        let waiting = slow.send(&envelope, &address);
+        tokio::pin!(waiting);
+        // The slow send queues its waiter (and sets the timer for a minute).
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut waiting)
+                .await
+                .is_err()
+        );
+        let started = Instant::now();
+        let outcome =
+            tokio::time::timeout(Duration::from_secs(10), quick.send(&envelope, &address))
+                .await
+                .expect("answered before the slow one's deadline");
+        assert!(matches!(outcome, Err(SendError::Timeout(_))), "{outcome:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        shutdown.cancel();
+        let outcome = tokio::time::timeout(Duration::from_secs(10), &mut waiting)
+            .await
+            .expect("answered at the stop");
+        assert!(
+            matches!(outcome, Err(SendError::Transient(_))),
+            "{outcome:?}"
+        );
         session.stopped().await;
     }
 }
