@@ -89,7 +89,13 @@ fn take_len(bytes: &mut &[u8]) -> Option<usize> {
     for shift in (0..usize::BITS).step_by(7) {
         let (&byte, rest) = bytes.split_first()?;
         *bytes = rest;
-        len |= usize::from(byte & 0x7f).checked_shl(shift)?;
+        let bits = usize::from(byte & 0x7f);
+        let part = bits.checked_shl(shift)?;
+        // The last group may hold more bits than fit: that overflows too.
+        if part >> shift != bits {
+            return None;
+        }
+        len |= part;
         if byte & 0x80 == 0 {
             return Some(len);
         }
@@ -142,6 +148,17 @@ mod tests {
                 "{e:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_length_past_the_word_is_refused_not_cut() {
+        // Nine groups of seven bits, then a tenth with more than the one bit
+        // left of 64: the top bits would be lost.
+        let mut bytes = vec![0x80; 9];
+        bytes.push(0x02);
+        assert_eq!(take_len(&mut &bytes[..]), None);
+        bytes[9] = 0x01;
+        assert_eq!(take_len(&mut &bytes[..]), Some(1 << 63));
     }
 
     #[test]
