@@ -78,9 +78,14 @@ impl PostgresStore {
     /// Connects to the database a `postgres://` URL names (libpq syntax) and
     /// brings its schema up to date.
     pub async fn connect(url: &str) -> StateResult<Self> {
+        Self::connect_with(url, PoolOptions::default()).await
+    }
+
+    /// [`PostgresStore::connect`] with `options` (its pool size aside).
+    async fn connect_with(url: &str, options: PoolOptions) -> StateResult<Self> {
         let options = PoolOptions {
             max_size: POOL_SIZE,
-            ..PoolOptions::default()
+            ..options
         };
         let pool = postgres::pool(url, &options).map_err(shared_err)?;
         let store = Self { pool };
@@ -170,8 +175,8 @@ pub(super) fn db_err(error: tokio_postgres::Error) -> StateError {
 
 #[cfg(test)]
 mod tests {
-    use super::PostgresStore;
     use super::testing::TestDatabase;
+    use super::{PoolOptions, PostgresStore};
     use crate::state::conformance::{TestBackend, state_store_suite};
 
     /// A fresh database on the test server; every `open` is a new pool.
@@ -188,8 +193,15 @@ mod tests {
             }
         }
 
+        /// With a lock timeout far above the default 10 s: the race tests
+        /// queue 20 writes on one row, which a loaded two-core machine
+        /// (CI beside other builds) once took longer than that to serve.
         async fn open(&self) -> PostgresStore {
-            PostgresStore::connect(self.database.url())
+            let options = PoolOptions {
+                lock_timeout: std::time::Duration::from_secs(120),
+                ..PoolOptions::default()
+            };
+            PostgresStore::connect_with(self.database.url(), options)
                 .await
                 .expect("connect postgres store")
         }
