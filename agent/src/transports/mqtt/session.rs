@@ -489,11 +489,8 @@ mod tests {
         port
     }
 
-    /// A send that is never acknowledged fails with a timeout at its
-    /// deadline, through the session's one timer, and so does the next one
-    /// after the session had no send waiting (the timer is set again).
-    #[tokio::test]
-    async fn an_unacknowledged_send_times_out_at_its_deadline() {
+    /// A session connected to [`silent_broker`], and the token that stops it.
+    async fn connected_to_a_silent_broker() -> (MqttSession, CancellationToken) {
         let port = silent_broker().await;
         let shutdown = CancellationToken::new();
         let settings = MqttSessionSettings::new("t", format!("tcp://127.0.0.1:{port}"), "c-t");
@@ -503,6 +500,15 @@ mod tests {
             .await
             .expect("connected in time")
             .expect("session alive");
+        (session, shutdown)
+    }
+
+    /// A send that is never acknowledged fails with a timeout at its
+    /// deadline, through the session's one timer, and so does the next one
+    /// after the session had no send waiting (the timer is set again).
+    #[tokio::test]
+    async fn an_unacknowledged_send_times_out_at_its_deadline() {
+        let (session, shutdown) = connected_to_a_silent_broker().await;
         let timeout = Duration::from_millis(300);
         let sender = session.sender(MqttSenderSettings {
             send_timeout: timeout,
@@ -532,15 +538,7 @@ mod tests {
     /// answered when the session stops.
     #[tokio::test]
     async fn a_shorter_deadline_than_the_one_waiting_is_kept() {
-        let port = silent_broker().await;
-        let shutdown = CancellationToken::new();
-        let settings = MqttSessionSettings::new("t", format!("tcp://127.0.0.1:{port}"), "c-t");
-        let session = MqttSession::start(settings, shutdown.clone()).expect("started");
-        let mut connected = session.connected();
-        tokio::time::timeout(Duration::from_secs(10), connected.wait_for(|c| *c))
-            .await
-            .expect("connected in time")
-            .expect("session alive");
+        let (session, shutdown) = connected_to_a_silent_broker().await;
         let sender = |timeout| {
             session.sender(MqttSenderSettings {
                 send_timeout: timeout,
