@@ -23,7 +23,7 @@ use crate::transports::SendError;
 /// Requests of each kind that may wait for the event loop. Senders are bounded
 /// by `max_outgoing_inflight`, acks by the receive window; this only needs to be
 /// large enough for both at full speed.
-const REQUEST_QUEUE: usize = 1024;
+pub(super) const REQUEST_QUEUE: usize = 1024;
 
 /// A message as it came off the wire, before it becomes an envelope.
 #[derive(Debug)]

@@ -38,6 +38,9 @@ use super::publish::Publish;
 use super::settings::{MqttSenderSettings, Protocol, topic_problem};
 use crate::transports::{Address, SendError, SendFuture, Sender};
 
+/// Where a send learns its outcome.
+type Outcome = oneshot::Receiver<Result<(), SendError>>;
+
 /// A send waiting for its outcome, until its deadline.
 #[derive(Debug)]
 struct Waiter {
@@ -238,51 +241,67 @@ impl MqttSender {
         let now = SystemTime::now();
         let (qos, retain) = (self.settings.qos, self.settings.retain);
         // Encoded once; a full request queue hands it back for the next try.
-        let mut publish = match self.protocol {
+        let publish = match self.protocol {
             Protocol::V5 => Publish::v5(topic, qos, retain, envelope, now)?,
             Protocol::V311 => Publish::v311(topic, qos, retain, envelope, now)?,
         };
         let size = publish.len();
-        let outcome = loop {
-            let progress = self.shared.progress.notified();
-            tokio::pin!(progress);
-            // Register before trying, so a wake-up between the try and the
-            // wait is not missed.
-            progress.as_mut().enable();
-            {
-                let mut outbound = lock(&self.shared.outbound);
-                if outbound.stopped {
-                    return Err(SendError::Transient("the session stopped".into()));
+        // The request queue nearly always has room: a send registers for the
+        // loop's progress only after finding it full, then tries once more
+        // before it waits, so a wake-up between the two is not missed.
+        let outcome = match self.try_queue(publish, size, deadline)? {
+            Ok(outcome) => outcome,
+            Err(mut publish) => loop {
+                let progress = self.shared.progress.notified();
+                tokio::pin!(progress);
+                progress.as_mut().enable();
+                match self.try_queue(publish, size, deadline)? {
+                    Ok(outcome) => break outcome,
+                    Err(returned) => publish = returned,
                 }
-                if !outbound.connected {
-                    return Err(SendError::Transient("not connected to the broker".into()));
+                if timeout_at(deadline, progress).await.is_err() {
+                    return Err(SendError::Timeout(self.settings.send_timeout));
                 }
-                if size > outbound.max_packet {
-                    return Err(SendError::Oversized(format!(
-                        "a publish of {size} bytes exceeds the maximum packet size of {} bytes",
-                        outbound.max_packet
-                    )));
-                }
-                match self.client.try_publish(publish) {
-                    Ok(()) => {
-                        let (tx, rx) = oneshot::channel();
-                        if outbound.push(tx, deadline, self.settings.send_timeout) {
-                            self.shared.deadlines.notify_one();
-                        }
-                        break rx;
-                    }
-                    Err(PublishNotQueued(returned)) => publish = returned,
-                }
-            }
-            // The request queue is full: wait for the loop to take some.
-            if timeout_at(deadline, progress).await.is_err() {
-                return Err(SendError::Timeout(self.settings.send_timeout));
-            }
+            },
         };
         // Answered by the session, at the latest when the deadline passed.
         outcome
             .await
             .unwrap_or_else(|_| Err(SendError::Transient("the session stopped".into())))
+    }
+
+    /// Queues `publish` (`size` bytes) with its waiter under one lock (see
+    /// the module's invariants), or hands it back when the request queue is
+    /// full.
+    fn try_queue(
+        &self,
+        publish: Publish,
+        size: usize,
+        deadline: Instant,
+    ) -> Result<Result<Outcome, Publish>, SendError> {
+        let mut outbound = lock(&self.shared.outbound);
+        if outbound.stopped {
+            return Err(SendError::Transient("the session stopped".into()));
+        }
+        if !outbound.connected {
+            return Err(SendError::Transient("not connected to the broker".into()));
+        }
+        if size > outbound.max_packet {
+            return Err(SendError::Oversized(format!(
+                "a publish of {size} bytes exceeds the maximum packet size of {} bytes",
+                outbound.max_packet
+            )));
+        }
+        match self.client.try_publish(publish) {
+            Ok(()) => {
+                let (tx, rx) = oneshot::channel();
+                if outbound.push(tx, deadline, self.settings.send_timeout) {
+                    self.shared.deadlines.notify_one();
+                }
+                Ok(Ok(rx))
+            }
+            Err(PublishNotQueued(returned)) => Ok(Err(returned)),
+        }
     }
 }
 

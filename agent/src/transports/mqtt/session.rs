@@ -458,16 +458,27 @@ struct Outage {
 
 #[cfg(test)]
 mod tests {
-    use rumqttc::v5::mqttbytes::v5::{ConnAck, ConnectReturnCode, Packet};
+    use futures::StreamExt;
+    use rumqttc::v5::mqttbytes::v5::{
+        ConnAck, ConnAckProperties, ConnectReturnCode, Packet, PubAck,
+    };
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     use super::*;
     use crate::transports::Address;
+    use crate::transports::mqtt::protocol::REQUEST_QUEUE;
 
     /// A broker that accepts one connection, answers its CONNECT and then
     /// reads everything and acknowledges nothing.
     async fn silent_broker() -> u16 {
+        fake_broker(None, false).await
+    }
+
+    /// A broker that accepts one connection and answers its CONNECT, with
+    /// `receive_max` if any; then it acknowledges every QoS 1 publish if
+    /// `ack`, or else reads everything and acknowledges nothing.
+    async fn fake_broker(receive_max: Option<u16>, ack: bool) -> u16 {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
         let port = listener.local_addr().expect("bound").port();
         tokio::spawn(async move {
@@ -480,18 +491,57 @@ mod tests {
             let connack = Packet::ConnAck(ConnAck {
                 session_present: false,
                 code: ConnectReturnCode::Success,
-                properties: None,
+                properties: receive_max.map(|max| ConnAckProperties {
+                    receive_max: Some(max),
+                    session_expiry_interval: None,
+                    max_qos: None,
+                    retain_available: None,
+                    max_packet_size: None,
+                    assigned_client_identifier: None,
+                    topic_alias_max: None,
+                    reason_string: None,
+                    user_properties: Vec::new(),
+                    wildcard_subscription_available: None,
+                    subscription_identifiers_available: None,
+                    shared_subscription_available: None,
+                    server_keep_alive: None,
+                    response_information: None,
+                    server_reference: None,
+                    authentication_method: None,
+                    authentication_data: None,
+                }),
             });
             connack.write(&mut out, None).expect("encodable");
             let _ = socket.write_all(&out).await;
-            while socket.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+            let mut read = prost::bytes::BytesMut::new();
+            while socket.read_buf(&mut read).await.is_ok_and(|n| n > 0) {
+                if !ack {
+                    read.clear();
+                    continue;
+                }
+                out.clear();
+                while let Ok(packet) = Packet::read(&mut read, None) {
+                    if let Packet::Publish(publish) = packet {
+                        let puback = Packet::PubAck(PubAck::new(publish.pkid, None));
+                        puback.write(&mut out, None).expect("encodable");
+                    }
+                }
+                if socket.write_all(&out).await.is_err() {
+                    return;
+                }
+            }
         });
         port
     }
 
     /// A session connected to [`silent_broker`], and the token that stops it.
     async fn connected_to_a_silent_broker() -> (MqttSession, CancellationToken) {
-        let port = silent_broker().await;
+        connected_to(silent_broker().await).await
+    }
+
+    /// A session connected to the broker on `port`, and the token that
+    /// stops it.
+    async fn connected_to(port: u16) -> (MqttSession, CancellationToken) {
         let shutdown = CancellationToken::new();
         let settings = MqttSessionSettings::new("t", format!("tcp://127.0.0.1:{port}"), "c-t");
         let session = MqttSession::start(settings, shutdown.clone()).expect("started");
@@ -578,6 +628,26 @@ mod tests {
             matches!(outcome, Err(SendError::Transient(_))),
             "{outcome:?}"
         );
+        session.stopped().await;
+    }
+
+    /// Sends past the request queue's capacity wait for the loop's progress
+    /// and are all sent: a broker that takes one publish at a time holds
+    /// back all but one, so most of them find the queue full at first.
+    #[tokio::test]
+    async fn sends_that_find_the_request_queue_full_wait_and_are_sent() {
+        let (session, shutdown) = connected_to(fake_broker(Some(1), true).await).await;
+        let sender = session.sender(MqttSenderSettings::default());
+        let envelope = crate::stores::conformance::envelope("a");
+        let address = Address::new(Arc::from("t/a"));
+        let sends: futures::stream::FuturesUnordered<_> = (0..REQUEST_QUEUE + 200)
+            .map(|_| sender.send(&envelope, &address))
+            .collect();
+        let outcomes: Vec<_> = tokio::time::timeout(Duration::from_secs(20), sends.collect())
+            .await
+            .expect("every send answered");
+        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+        shutdown.cancel();
         session.stopped().await;
     }
 }
