@@ -15,14 +15,9 @@ pub fn problem(s: &str) -> Option<String> {
             s.len()
         ));
     }
-    // Printable ASCII (0x20–0x7E), what nearly every header and topic is, is
-    // always fine. It is checked for all bytes at once — a fold with no early
-    // exit, which the compiler vectorizes — before the rest is decoded
-    // character by character: this runs for every string of every send.
-    let unusual = s
-        .bytes()
-        .fold(false, |seen, b| seen | (b.wrapping_sub(0x20) > 0x5e));
-    if !unusual {
+    // Printable ASCII, what nearly every header and topic is, is always
+    // fine; the rest is decoded character by character.
+    if all_bytes(s, printable) {
         return None;
     }
     s.chars().find_map(|c| {
@@ -35,6 +30,19 @@ pub fn problem(s: &str) -> Option<String> {
         };
         Some(format!("contains {what} (U+{:04X})", u32::from(c)))
     })
+}
+
+/// Printable ASCII (0x20–0x7E).
+pub fn printable(b: u8) -> bool {
+    b.wrapping_sub(0x20) <= 0x5e
+}
+
+/// Whether every byte of `s` is `fine`: checked for all bytes at once, a fold
+/// with no early exit that the compiler vectorizes. This runs for every
+/// string of every send.
+#[inline]
+pub fn all_bytes(s: &str, fine: impl Fn(u8) -> bool) -> bool {
+    s.bytes().fold(true, |all, b| all & fine(b))
 }
 
 #[cfg(test)]

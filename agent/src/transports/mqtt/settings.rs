@@ -366,6 +366,15 @@ pub(crate) fn valid_filter(filter: &str) -> bool {
 /// MQTT topic name rules for a publish: not empty, no wildcards, and an MQTT
 /// string ([`mqtt_string::problem`]).
 pub(crate) fn topic_problem(topic: &str) -> Option<String> {
+    // One pass over the bytes for what nearly every topic is: printable
+    // ASCII without a wildcard (this runs for every send).
+    let plain = |b| mqtt_string::printable(b) && b != b'+' && b != b'#';
+    if !topic.is_empty()
+        && topic.len() <= usize::from(u16::MAX)
+        && mqtt_string::all_bytes(topic, plain)
+    {
+        return None;
+    }
     if topic.is_empty() {
         Some("the topic is empty".into())
     } else if topic.contains(['+', '#']) {
@@ -454,9 +463,17 @@ mod tests {
         for bad in ["", "a#", "a/#/b", "a+/b", "a/b+"] {
             assert!(!valid_filter(bad), "{bad}");
         }
-        assert_eq!(topic_problem("a/b"), None);
+        for good in ["a/b", "a b/~", "é/€", &"x".repeat(65_535)] {
+            assert_eq!(topic_problem(good), None, "{good}");
+        }
         assert!(topic_problem("a/+").is_some());
+        assert!(topic_problem("#").is_some());
+        assert!(topic_problem("é/#").is_some());
         assert!(topic_problem("").is_some());
+        assert_eq!(
+            topic_problem(&"x".repeat(65_536)).as_deref(),
+            Some("the topic is 65536 bytes, more than an MQTT string holds (65535)")
+        );
         assert_eq!(
             topic_problem("a\nb").as_deref(),
             Some("the topic contains a control character (U+000A)")
