@@ -43,6 +43,7 @@ fn block_on(
     serve: impl Future<Output = anyhow::Result<()>>,
 ) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.worker_threads())
         .enable_all()
         .build()
     {
