@@ -24,7 +24,7 @@ use std::sync::Arc;
 use ferry_shared::config::{CheckError, ProcessEnv, ValidConfig, check_bytes};
 use tokio::sync::watch;
 
-use super::cache::{Cached, ConfigCache};
+use super::cache::{CacheError, Cached, ConfigCache};
 use crate::datadir::{self, DataDirLocks};
 use crate::health::ReadinessCondition;
 use crate::metrics::Metrics;
@@ -192,14 +192,14 @@ impl Bridges {
             running.version = version;
             running.yaml = yaml.to_owned();
             running.valid = valid;
-            self.cache(bridge, version, yaml);
+            self.cache(bridge, version, yaml).await;
             self.publish();
             return Ok(());
         }
         let started = Bridge::start(&valid, self.deps.clone())
             .await
             .map_err(ApplyError::Start)?;
-        self.cache(bridge, version, yaml);
+        self.cache(bridge, version, yaml).await;
         self.insert(bridge, version, yaml.to_owned(), valid, started);
         Ok(())
     }
@@ -207,13 +207,31 @@ impl Bridges {
     /// Caches an ACKed version (a failure is logged: the bridge runs; only a
     /// start without the control plane would miss it, and the next ACKed
     /// version is cached again).
-    fn cache(&self, bridge: &str, version: u64, yaml: &str) {
+    async fn cache(&self, bridge: &str, version: u64, yaml: &str) {
         let cached = Cached {
             version,
             yaml: yaml.to_owned(),
         };
-        if let Err(error) = self.cache.store(bridge, &cached) {
+        let stored = self
+            .change_cache(bridge, move |cache, id| cache.store(id, &cached))
+            .await;
+        if let Err(error) = stored {
             tracing::error!(%bridge, version, %error, "cannot cache the configuration");
+        }
+    }
+
+    /// Runs `change` on `bridge`'s cached file in the blocking pool: it
+    /// writes and syncs files, and the runtime's workers (one on a small
+    /// node, ADR 0017) keep running every route meanwhile.
+    async fn change_cache(
+        &self,
+        bridge: &str,
+        change: impl FnOnce(&ConfigCache, &str) -> Result<(), CacheError> + Send + 'static,
+    ) -> Result<(), String> {
+        let (cache, id) = (self.cache.clone(), bridge.to_owned());
+        match tokio::task::spawn_blocking(move || change(&cache, &id)).await {
+            Ok(done) => done.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
         }
     }
 
@@ -222,7 +240,10 @@ impl Bridges {
         if self.stop(bridge).await.is_some() {
             tracing::info!(%bridge, "bridge withdrawn and stopped");
         }
-        if let Err(error) = self.cache.remove(bridge) {
+        let removed = self
+            .change_cache(bridge, |cache, id| cache.remove(id))
+            .await;
+        if let Err(error) = removed {
             tracing::warn!(%bridge, %error, "cannot remove the cached configuration");
         }
     }
