@@ -520,10 +520,16 @@ mod tests {
                     continue;
                 }
                 out.clear();
-                while let Ok(packet) = Packet::read(&mut read, None) {
-                    if let Packet::Publish(publish) = packet {
-                        let puback = Packet::PubAck(PubAck::new(publish.pkid, None));
-                        puback.write(&mut out, None).expect("encodable");
+                loop {
+                    match Packet::read(&mut read, None) {
+                        Ok(Packet::Publish(publish)) => {
+                            let puback = Packet::PubAck(PubAck::new(publish.pkid, None));
+                            puback.write(&mut out, None).expect("encodable");
+                        }
+                        Ok(_) => {}
+                        // The rest of the packet is still to come.
+                        Err(rumqttc::v5::mqttbytes::Error::InsufficientBytes(_)) => break,
+                        Err(e) => panic!("the fake broker cannot read a packet: {e}"),
                     }
                 }
                 if socket.write_all(&out).await.is_err() {
@@ -633,8 +639,12 @@ mod tests {
 
     /// Sends past the request queue's capacity wait for the loop's progress
     /// and are all sent: a broker that takes one publish at a time holds
-    /// back all but one, so most of them find the queue full at first.
-    #[tokio::test]
+    /// back all but one, so most of them find the queue full at first, and
+    /// wait again and again. (On two workers, so that the event loop runs
+    /// beside the sends: a wake-up lost between a send's failed try and its
+    /// registration would leave it waiting until its timeout. That race can
+    /// only be made likely, not certain.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sends_that_find_the_request_queue_full_wait_and_are_sent() {
         let (session, shutdown) = connected_to(fake_broker(Some(1), true).await).await;
         let sender = session.sender(MqttSenderSettings::default());
