@@ -669,6 +669,9 @@ fn fresh_in(
     Ok(fresh_with(conn, keys, range, limit, false)?.0)
 }
 
+/// Most records a read of fresh records makes room for before it finds them.
+const PREALLOCATED_RECORDS: usize = 1024;
+
 /// The encoded envelopes of the messages a call read already, by key, so
 /// that [`with_envelopes`] need not read them again.
 type Envelopes = Vec<(i64, Vec<u8>)>;
@@ -683,8 +686,15 @@ fn fresh_with(
     envelopes: bool,
 ) -> StoreResult<(Vec<RawRecord>, Envelopes)> {
     let mut names = Names::default();
-    let mut found = Vec::new();
-    let mut read: Envelopes = Vec::new();
+    // Sized once (up to a drain batch's worth): the records are large, and
+    // growing the vector moved them again at every doubling. The range and
+    // the limit only bound what is found.
+    let room = usize::try_from(range.1.saturating_sub(range.0).saturating_add(1))
+        .unwrap_or(0)
+        .min(limit)
+        .min(PREALLOCATED_RECORDS);
+    let mut found = Vec::with_capacity(room);
+    let mut read: Envelopes = Vec::with_capacity(if envelopes { room } else { 0 });
     each_fresh(conn, keys, range, envelopes, |r| {
         if found.len() >= limit {
             return Ok(false);

@@ -195,7 +195,13 @@ impl<I: Send + 'static, T: Send + 'static> BatchJob<I, T> {
 
     /// Takes the calls waiting; their inputs.
     fn take(&mut self) -> Vec<I> {
-        let waiting = std::mem::take(&mut *self.batch.waiting());
+        // The next batch starts at this one's size: growing the vector
+        // from empty moved its calls again at every doubling.
+        let waiting = {
+            let mut waiting = self.batch.waiting();
+            let size = waiting.len();
+            std::mem::replace(&mut *waiting, Vec::with_capacity(size))
+        };
         self.took = true;
         let (items, replies): (Vec<I>, Vec<_>) = waiting.into_iter().unzip();
         self.taken = replies.into_iter().map(|reply| (reply, None)).collect();
