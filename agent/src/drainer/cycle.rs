@@ -86,6 +86,16 @@ pub(super) struct Outcomes {
 }
 
 impl Outcomes {
+    /// Room for a batch's accepted records: they are written a batch's
+    /// worth at a time, and growing the vector from empty moved the records
+    /// again at every doubling.
+    fn for_batch(batch: usize) -> Self {
+        Outcomes {
+            accepted: Vec::with_capacity(batch),
+            ..Outcomes::default()
+        }
+    }
+
     fn len(&self) -> usize {
         self.accepted.len()
             + self.expired.len()
@@ -213,7 +223,7 @@ impl Drainer {
         }
         let mut lanes = Lanes::default();
         let mut sends: FuturesUnordered<BoxFuture<'static, SendOutcome>> = FuturesUnordered::new();
-        let mut outcomes = Outcomes::default();
+        let mut outcomes = Outcomes::for_batch(self.batch);
         let mut claiming: Option<BoxFuture<'_, StoreResult<Vec<OutboxRecord>>>> = None;
         let mut writing: Option<JoinHandle<StoreResult<()>>> = None;
         // The claim in flight was let through by the outcomes being written
@@ -252,7 +262,7 @@ impl Drainer {
             // about to go out).
             let idle = claiming.is_none() && sends.is_empty() && !(may_claim && unsettled <= limit);
             if writing.is_none() && (outcomes.len() >= self.batch || (idle && outcomes.len() > 0)) {
-                let taken = std::mem::take(&mut outcomes);
+                let taken = std::mem::replace(&mut outcomes, Outcomes::for_batch(self.batch));
                 writing_count = taken.len();
                 writing = Some(self.spawn_write(version, taken));
             }
