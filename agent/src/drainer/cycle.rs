@@ -85,13 +85,17 @@ pub(super) struct Outcomes {
     untried: Vec<u64>,
 }
 
+/// Most accepted records a batch of outcomes makes room for before they come.
+const PREALLOCATED_OUTCOMES: usize = 1024;
+
 impl Outcomes {
-    /// Room for a batch's accepted records: they are written a batch's
+    /// Room for a batch's accepted records (up to [`PREALLOCATED_OUTCOMES`]:
+    /// `drain_batch_size` has no upper limit): they are written a batch's
     /// worth at a time, and growing the vector from empty moved the records
     /// again at every doubling.
     fn for_batch(batch: usize) -> Self {
         Outcomes {
-            accepted: Vec::with_capacity(batch),
+            accepted: Vec::with_capacity(batch.min(PREALLOCATED_OUTCOMES)),
             ..Outcomes::default()
         }
     }
