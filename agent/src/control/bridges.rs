@@ -192,15 +192,17 @@ impl Bridges {
             running.version = version;
             running.yaml = yaml.to_owned();
             running.valid = valid;
-            self.cache(bridge, version, yaml).await;
+            // Published first: the watches name the version that runs
+            // while its cache file is written.
             self.publish();
+            self.cache(bridge, version, yaml).await;
             return Ok(());
         }
         let started = Bridge::start(&valid, self.deps.clone())
             .await
             .map_err(ApplyError::Start)?;
-        self.cache(bridge, version, yaml).await;
         self.insert(bridge, version, yaml.to_owned(), valid, started);
+        self.cache(bridge, version, yaml).await;
         Ok(())
     }
 
