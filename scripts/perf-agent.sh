@@ -1,5 +1,5 @@
 #!/bin/bash
-# Where the agent's kernel time goes in one `ferry-bench --scenario fan-out` run (issue 15).
+# Where the agent's kernel time goes in one `ferry-bench` run (issue 15).
 #
 #   scripts/perf-agent.sh AGENT OUT [ferry-bench flags...]
 #
@@ -11,7 +11,8 @@
 #     samples outside the kernel (OUT.shares, from OUT.data).
 # Both at once, so the counts and the shares are of the same run. perf slows the agent a
 # little; compare the shares, and take CPU per message from a run without it.
-# FERRY_BENCH names the ferry-bench binary (default target/release/ferry-bench).
+# FERRY_BENCH names the ferry-bench binary (default target/release/ferry-bench); SCENARIO the
+# ferry-bench scenario (default fan-out; `latency` for 1 000 msg/s, `direct` for direct_hold).
 set -euo pipefail
 agent=$(realpath "${1:?usage: perf-agent.sh AGENT OUT [ferry-bench flags]}")
 out=${2:?usage: perf-agent.sh AGENT OUT [ferry-bench flags]}
@@ -20,7 +21,7 @@ bench=${FERRY_BENCH:-target/release/ferry-bench}
 calls=fsync,fdatasync,pwrite64,pread64,fcntl,futex,epoll_wait,recvfrom,sendto,write,writev,read
 events=$(echo "$calls" | sed 's/\([a-z0-9_]*\)/syscalls:sys_enter_\1/g')
 
-"$bench" --scenario fan-out --agent "$agent" "$@" >"$out.bench" 2>&1 &
+"$bench" --scenario "${SCENARIO:-fan-out}" --agent "$agent" "$@" >"$out.bench" 2>&1 &
 bench_pid=$!
 trap 'kill "$bench_pid" 2>/dev/null || true' EXIT
 # The agent is ferry-bench's child running `AGENT run --config …` (not its `AGENT run --help`
