@@ -147,7 +147,7 @@ impl RunArgs {
     /// The runtime's workers: `--worker-threads`, or one per core but one,
     /// and at least one. The SQLite writers' threads and, on an edge node,
     /// the broker need the last core: on two cores one worker took 5 % less
-    /// CPU per fan-out message and 22 % less at 1 000 msg/s than two (ADR
+    /// CPU per fan-out message and 5–22 % less at 1 000 msg/s than two (ADR
     /// 0017, `docs/benchmarks.md`).
     pub fn worker_threads(&self) -> usize {
         self.worker_threads.map_or_else(
