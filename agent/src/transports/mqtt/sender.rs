@@ -321,20 +321,30 @@ mod tests {
 
     const TIMEOUT: Duration = Duration::from_secs(30);
 
-    fn waiter(outbound: &mut Outbound) -> oneshot::Receiver<Result<(), SendError>> {
+    fn waiter(outbound: &mut Outbound) -> Outcome {
         waiter_until(outbound, Instant::now() + TIMEOUT)
     }
 
-    fn waiter_until(
-        outbound: &mut Outbound,
-        deadline: Instant,
-    ) -> oneshot::Receiver<Result<(), SendError>> {
+    fn waiter_until(outbound: &mut Outbound, deadline: Instant) -> Outcome {
         let (tx, rx) = oneshot::channel();
         outbound.push(tx, deadline, TIMEOUT);
         rx
     }
 
-    fn timed_out(rx: &mut oneshot::Receiver<Result<(), SendError>>) -> bool {
+    /// The waiters of a session connected with a 1 KiB packet limit.
+    fn connected() -> Outbound {
+        let mut o = Outbound::new(1024);
+        o.on_connected(1024, None);
+        o
+    }
+
+    /// The instant `secs` seconds after the call.
+    fn seconds_from_now() -> impl Fn(u64) -> Instant {
+        let start = Instant::now();
+        move |secs| start + Duration::from_secs(secs)
+    }
+
+    fn timed_out(rx: &mut Outcome) -> bool {
         matches!(rx.try_recv(), Ok(Err(SendError::Timeout(TIMEOUT))))
     }
 
@@ -342,10 +352,8 @@ mod tests {
     /// session sets its timer sooner.
     #[test]
     fn a_push_tells_when_its_deadline_is_the_earliest() {
-        let mut o = Outbound::new(1024);
-        o.on_connected(1024, None);
-        let start = Instant::now();
-        let at = |secs| start + Duration::from_secs(secs);
+        let mut o = connected();
+        let at = seconds_from_now();
         let mut push = |deadline| o.push(oneshot::channel().0, deadline, TIMEOUT);
         assert!(push(at(2)), "the first");
         assert!(!push(at(3)), "later");
@@ -356,10 +364,8 @@ mod tests {
 
     #[test]
     fn waiters_past_their_deadline_time_out_and_a_queued_one_keeps_its_place() {
-        let mut o = Outbound::new(1024);
-        o.on_connected(1024, None);
-        let start = Instant::now();
-        let at = |secs| start + Duration::from_secs(secs);
+        let mut o = connected();
+        let at = seconds_from_now();
         let mut a = waiter_until(&mut o, at(1)); // written, never acknowledged
         let mut b = waiter_until(&mut o, at(3)); // written, acknowledged in time
         let mut c = waiter_until(&mut o, at(2)); // still queued at its deadline
@@ -386,8 +392,7 @@ mod tests {
 
     #[test]
     fn written_events_match_waiters_in_order_and_acks_resolve_them() {
-        let mut o = Outbound::new(1024);
-        o.on_connected(1024, None);
+        let mut o = connected();
         let mut a = waiter(&mut o);
         let mut b = waiter(&mut o);
         let mut c = waiter(&mut o);
@@ -406,8 +411,7 @@ mod tests {
 
     #[test]
     fn a_publish_that_cannot_be_written_fails_its_own_waiter() {
-        let mut o = Outbound::new(1024);
-        o.on_connected(1024, None);
+        let mut o = connected();
         let mut a = waiter(&mut o);
         let mut b = waiter(&mut o);
         o.on_failed(SendError::Oversized("too large".into()));
