@@ -33,6 +33,7 @@ pub fn problem(s: &str) -> Option<String> {
 }
 
 /// Printable ASCII (0x20–0x7E).
+#[inline]
 pub fn printable(b: u8) -> bool {
     b.wrapping_sub(0x20) <= 0x5e
 }
