@@ -181,7 +181,7 @@ async fn a_fifo_queue_keeps_order_and_drops_duplicates_by_id() -> anyhow::Result
         "        qos: 1\nsenders:",
         "        qos: 1\n    trust_message_id: true\nsenders:",
     );
-    let _agent = case.agent(&yaml).await?;
+    let agent = case.agent(&yaml).await?;
     let device = |extra: &[(&str, &str)]| PublishOptions {
         user_properties: [("device", "d-1")]
             .iter()
@@ -194,6 +194,14 @@ async fn a_fifo_queue_keeps_order_and_drops_duplicates_by_id() -> anyhow::Result
     // Three publishes of one message id: SQS keeps the first.
     case.publish(N..N + 3, device(&[("ferry-message-id", "upstream-7")]))
         .await?;
+    // Real SQS drops a duplicate id for five minutes; moto only while the first copy is still
+    // in the queue. So every send, the duplicates' included, is done before the drain deletes.
+    wait::until_ok(DELIVERY, "every message sent to SQS", || async {
+        let sent = agent.metrics()?.binding("r", "x").sent;
+        anyhow::ensure!(sent == N + 3, "{sent} sent");
+        Ok(())
+    })
+    .await?;
     let (got, order) = case.aws.drain(&url, 0..N + 1).await?;
     assert!(
         got.values()
@@ -249,6 +257,14 @@ async fn a_fifo_queue_keeps_group_order_and_drops_replays_across_a_crash() -> an
     let before_restart = case.aws.depth(&url).await?.0;
     agent.restart()?;
     agent.wait_ready(Duration::from_secs(30)).await?;
+    // Every record left in the outbox sent again before the drain deletes anything: moto, unlike
+    // SQS, drops a duplicate id only while its first copy is still in the queue.
+    wait::until_ok(DELIVERY, "the outbox sent out", || async {
+        let counts = agent.metrics()?.binding("r", "x");
+        anyhow::ensure!(counts.in_flight == 0 && counts.is_conserved(), "{counts:?}");
+        Ok(())
+    })
+    .await?;
 
     let (_, arrivals) = case.aws.drain(&url, 0..N).await?;
     // Anything sent twice would show up now (the replays are within SQS's 5-minute window).
