@@ -98,7 +98,9 @@ impl DirectHold {
                 Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
                 delivery = receiver.recv(), if taking => {
                     match delivery {
-                        Some(d) => in_flight.push(Arc::clone(&this).handle(d, shutdown.clone())),
+                        // Boxed here: the set moves what it is given into its own
+                        // task node, and a delivery's future is large.
+                        Some(d) => in_flight.push(Box::pin(Arc::clone(&this).handle(d, shutdown.clone()))),
                         None => break,
                     }
                 }

@@ -298,7 +298,9 @@ impl OutboxWriter {
                             // Cannot fail: `full` is false, and only this loop reserves.
                             let reserved = w.depth.try_reserve(per_message, max_depth);
                             debug_assert!(reserved);
-                            in_flight.push(Arc::clone(&this).handle(d, shutdown.clone()));
+                            // Boxed here: the set moves what it is given into its own
+                            // task node, and a delivery's future is large.
+                            in_flight.push(Box::pin(Arc::clone(&this).handle(d, shutdown.clone())));
                         }
                         None => break,
                     }
