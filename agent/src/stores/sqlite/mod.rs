@@ -3,8 +3,10 @@
 //! Each store opens its own database (the same file may back several
 //! stores; their tables do not overlap). A store has one writer thread
 //! owning the write connection ([`writer`]: group commit, answers after
-//! `COMMIT`) and one read connection used from the blocking pool, so reads
-//! never wait for a group to commit. The database runs in WAL mode with
+//! `COMMIT`), with `synchronous=FULL` a thread syncing the WAL after the
+//! writer's commits ([`syncer`]: durable writes answered after the sync),
+//! and one read connection used from the blocking pool, so reads never wait
+//! for a group to commit. The database runs in WAL mode with
 //! `synchronous=FULL` by default: an acknowledged write is on disk even if
 //! the machine loses power; `NORMAL` keeps it across a process crash only.
 //!
@@ -20,6 +22,7 @@ mod lease;
 mod outbox;
 mod record_list;
 mod schema;
+mod syncer;
 mod vacuum;
 mod writer;
 
@@ -47,7 +50,8 @@ const STATEMENT_CACHE: usize = 64;
 /// How hard SQLite syncs a commit to disk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Synchronous {
-    /// fsync on every commit: survives power loss.
+    /// A commit that stores a message is synced before it is answered:
+    /// survives power loss.
     #[default]
     Full,
     /// fsync at checkpoints only: survives a process crash, not power loss.

@@ -3,19 +3,23 @@
 //! One thread owns the write connection. Callers send it jobs over a bounded
 //! channel (a full channel makes them wait: back-pressure, not memory
 //! growth). The thread takes every job waiting in the channel, up to
-//! [`MAX_GROUP`], and runs them in one `BEGIN IMMEDIATE … COMMIT`. With
-//! `synchronous=FULL` the group shares one fsync. Each caller is answered
-//! only after `COMMIT` returned: an `Ok` is durable.
+//! [`MAX_GROUP`], and runs them in one `BEGIN IMMEDIATE … COMMIT`. Each
+//! caller is answered only after `COMMIT` returned, and a *synced* job of a
+//! `synchronous=FULL` store only once the WAL was synced after that: its
+//! `Ok` is durable.
 //!
-//! Some writes need not survive a power loss because losing one only
-//! repeats work (a claim or a completion of the outbox: the record is sent
-//! again, never lost). They are sent as *unsynced* jobs, and a group made
-//! only of them commits with `synchronous=NORMAL`: atomic, visible, kept
-//! across a process crash, but not fsynced. This is safe to mix with synced
-//! commits because the WAL is one append-only file: the next synced commit's
-//! fsync makes every earlier frame durable too, so a power loss can only
-//! take back a tail of unsynced commits, never one from before an
-//! acknowledged durable write.
+//! The connection itself always commits with `synchronous=NORMAL` (atomic,
+//! visible, kept across a process crash, not fsynced): with `FULL` a
+//! [`Syncer`] thread syncs the WAL and answers the synced jobs (its module
+//! notes say why that is as durable as SQLite's own `FULL`), so the writer
+//! goes on committing while a sync runs, and the jobs committed meanwhile
+//! share the next sync. Some writes need not survive a power loss because
+//! losing one only repeats work (a claim or a completion of the outbox: the
+//! record is sent again, never lost). They are sent as *unsynced* jobs and
+//! answered at their commit. This is safe to mix with synced commits
+//! because the WAL is one append-only file: a sync makes every earlier frame
+//! durable too, so a power loss can only take back a tail of commits not
+//! yet synced, never one from before an acknowledged durable write.
 //!
 //! **After the store was found full, unsynced and synced jobs commit in
 //! separate transactions** (the unsynced ones first) for
@@ -66,6 +70,7 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::sql_error;
+use super::syncer::{Syncer, Waiting};
 use crate::stores::{StoreError, StoreResult};
 
 /// Jobs waiting for the writer; senders wait when it is full.
@@ -77,12 +82,12 @@ const MAX_GROUP: usize = 512;
 /// writes apart from durable writes (see the module notes).
 const SPLIT_AFTER_FULL: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A unit of work run inside the group transaction.
-trait Job: Send {
+/// A unit of work run inside the group transaction; answered (as a
+/// [`Waiting`] write) with the outcome of the work and of the commit, and of
+/// the sync when it is synced.
+trait Job: Waiting {
     /// Runs the work; returns its error when it failed.
     fn run(&mut self, conn: &Connection) -> Result<(), StoreError>;
-    /// Answers the caller with the outcome of the work and of the commit.
-    fn answer(self: Box<Self>, commit: &StoreResult<()>);
     /// Whether its commit must be fsynced (see the module notes).
     fn synced(&self) -> bool;
 }
@@ -112,6 +117,12 @@ where
         outcome
     }
 
+    fn synced(&self) -> bool {
+        self.synced
+    }
+}
+
+impl<T: Send, F: Send> Waiting for TypedJob<T, F> {
     fn answer(self: Box<Self>, commit: &StoreResult<()>) {
         let outcome = match (self.result, commit) {
             // The job's own failure was rolled back: certainly not applied.
@@ -123,10 +134,6 @@ where
         // The caller may have given up waiting; its outcome is then unknown
         // to it, which `Unavailable` already told it to expect.
         let _ = self.reply.send(outcome);
-    }
-
-    fn synced(&self) -> bool {
-        self.synced
     }
 }
 
@@ -230,6 +237,12 @@ impl<I: Send + 'static, T: Send + 'static> Job for BatchJob<I, T> {
         Ok(())
     }
 
+    fn synced(&self) -> bool {
+        self.batch.synced
+    }
+}
+
+impl<I: Send + 'static, T: Send + 'static> Waiting for BatchJob<I, T> {
     fn answer(mut self: Box<Self>, commit: &StoreResult<()>) {
         if !self.took {
             // Refused before it ran: its calls are answered all the same.
@@ -246,10 +259,6 @@ impl<I: Send + 'static, T: Send + 'static> Job for BatchJob<I, T> {
             };
             let _ = reply.send(outcome);
         }
-    }
-
-    fn synced(&self) -> bool {
-        self.batch.synced
     }
 }
 
@@ -273,20 +282,29 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the writer thread on `conn`; `full` when the store is
-    /// configured `synchronous=FULL` (then only groups of unsynced jobs
-    /// commit with `NORMAL`).
+    /// configured `synchronous=FULL`: then the connection commits with
+    /// `NORMAL` and a [`Syncer`] makes the synced jobs durable.
     pub(crate) fn start(
         conn: Connection,
         name: &str,
         full: bool,
         limit: Option<PageLimit>,
     ) -> StoreResult<Self> {
+        let syncer = if full {
+            let wal = wal_path(&conn)?;
+            let syncer = Syncer::for_wal(&wal, name)?;
+            conn.execute_batch("PRAGMA synchronous=NORMAL")
+                .map_err(sql_error)?;
+            Some(syncer)
+        } else {
+            None
+        };
         let (jobs, rx) = mpsc::channel(CHANNEL_CAPACITY);
         let commits = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&commits);
         let thread = std::thread::Builder::new()
             .name(format!("ferry-sqlite-{name}"))
-            .spawn(move || run(conn, rx, Levels::new(full, limit), &counter))
+            .spawn(move || run(conn, rx, syncer, Levels::new(limit), &counter))
             .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
         Ok(Writer {
             jobs,
@@ -296,8 +314,8 @@ impl Writer {
     }
 
     /// Runs `work` in the next group transaction and returns its result once
-    /// the transaction is committed (and fsynced if `synced` and the store
-    /// is `synchronous=FULL`).
+    /// the transaction is committed (and the WAL synced since, if `synced`
+    /// and the store is `synchronous=FULL`).
     pub(crate) async fn execute<T, F>(&self, synced: bool, work: F) -> StoreResult<T>
     where
         T: Send + 'static,
@@ -374,6 +392,16 @@ impl Writer {
     }
 }
 
+/// The WAL file of `conn`'s database.
+fn wal_path(conn: &Connection) -> StoreResult<std::path::PathBuf> {
+    match conn.path() {
+        Some(path) if !path.is_empty() => Ok(format!("{path}-wal").into()),
+        _ => Err(StoreError::Unavailable(
+            "a synchronous=FULL store needs a database file".into(),
+        )),
+    }
+}
+
 /// A call's answer; `Unavailable` when the writer stopped without one.
 async fn answered<T>(answer: oneshot::Receiver<StoreResult<T>>) -> StoreResult<T> {
     answer
@@ -394,24 +422,17 @@ impl PageLimit {
     }
 }
 
-/// The connection's levels, switched between groups as their jobs need.
+/// The connection's page limit, switched between groups as their jobs need.
 struct Levels {
-    /// The store is configured `synchronous=FULL`.
-    full: bool,
-    /// The connection currently commits with `FULL`.
-    syncing: bool,
     limit: Option<PageLimit>,
     /// The `max_page_count` in force.
     pages: Option<u64>,
 }
 
 impl Levels {
-    /// The connection starts as configured: `synchronous` as the store is,
-    /// `max_page_count` at the whole limit.
-    fn new(full: bool, limit: Option<PageLimit>) -> Self {
+    /// The connection starts with `max_page_count` at the whole limit.
+    fn new(limit: Option<PageLimit>) -> Self {
         Levels {
-            full,
-            syncing: full,
             limit,
             pages: limit.map(|l| l.0),
         }
@@ -421,6 +442,7 @@ impl Levels {
 fn run(
     conn: Connection,
     mut rx: mpsc::Receiver<Box<dyn Job>>,
+    syncer: Option<Syncer>,
     mut levels: Levels,
     commits: &AtomicU64,
 ) {
@@ -445,7 +467,7 @@ fn run(
             vec![waiting]
         };
         for group in groups.into_iter().filter(|g| !g.is_empty()) {
-            match commit_kind(&conn, group, &mut levels) {
+            match commit_kind(&conn, group, syncer.as_ref(), &mut levels) {
                 Ok(()) => {
                     commits.fetch_add(1, Ordering::Relaxed);
                 }
@@ -460,28 +482,19 @@ fn run(
             }
         }
     }
+    // Every synced job handed over is answered before the connection closes.
+    drop(syncer);
 }
 
-/// Commits a group, first switching the connection's `synchronous` level
-/// (`FULL` when any job is synced) and page limit (see the module notes)
-/// when needed; the group's outcome.
+/// Commits a group, first switching the connection's page limit (see the
+/// module notes) when needed; the group's outcome.
 fn commit_kind(
     conn: &Connection,
     group: Vec<Box<dyn Job>>,
+    syncer: Option<&Syncer>,
     levels: &mut Levels,
 ) -> StoreResult<()> {
     let synced = group.iter().any(|job| job.synced());
-    let sync = levels.full && synced;
-    if sync != levels.syncing {
-        // Set outside the transaction: SQLite refuses it inside one.
-        let level = if sync { "FULL" } else { "NORMAL" };
-        match conn.execute_batch(&format!("PRAGMA synchronous={level}")) {
-            Ok(()) => levels.syncing = sync,
-            // Still syncing: the group commits at the stricter level.
-            Err(_) if levels.syncing => {}
-            Err(e) => return refuse(group, &e),
-        }
-    }
     if let Some(limit) = levels.limit {
         let pages = if synced { limit.durable() } else { limit.0 };
         if levels.pages != Some(pages) {
@@ -494,7 +507,7 @@ fn commit_kind(
             }
         }
     }
-    commit_group(conn, group)
+    commit_group(conn, group, syncer)
 }
 
 /// Answers every job of a group that cannot run with `error`.
@@ -506,16 +519,29 @@ fn refuse(group: Vec<Box<dyn Job>>, error: &rusqlite::Error) -> StoreResult<()> 
     Err(error)
 }
 
-/// Runs and answers one group; its outcome (`Ok` when it committed).
-fn commit_group(conn: &Connection, mut group: Vec<Box<dyn Job>>) -> StoreResult<()> {
+/// Runs and answers one group, its synced jobs through `syncer` when there
+/// is one; its outcome (`Ok` when it committed).
+fn commit_group(
+    conn: &Connection,
+    mut group: Vec<Box<dyn Job>>,
+    syncer: Option<&Syncer>,
+) -> StoreResult<()> {
     let outcome = run_group(conn, &mut group);
     if outcome.is_err() {
         // Nothing of the group may stay half-applied; a failed ROLLBACK
         // means SQLite already rolled back.
         let _ = conn.execute_batch("ROLLBACK");
     }
+    let mut durable = Vec::new();
     for job in group {
-        job.answer(&outcome);
+        match syncer {
+            // Committed: answered once the WAL is synced.
+            Some(_) if outcome.is_ok() && job.synced() => durable.push(job as Box<dyn Waiting>),
+            _ => job.answer(&outcome),
+        }
+    }
+    if let Some(syncer) = syncer.filter(|_| !durable.is_empty()) {
+        syncer.committed(durable);
     }
     outcome
 }
@@ -811,7 +837,7 @@ mod tests {
             insert(1)(c)
         });
         let (after, mut after_answer) = job(insert(3));
-        assert!(commit_group(&conn, vec![before, partial, after]).is_err());
+        assert!(commit_group(&conn, vec![before, partial, after], None).is_err());
         assert_eq!(count(&conn), 0, "nothing of the group is applied");
         for answer in [&mut before_answer, &mut partial_answer, &mut after_answer] {
             assert!(answer.try_recv().expect("answered").is_err());
@@ -822,7 +848,7 @@ mod tests {
         let (first, mut first_answer) = job(insert(1));
         let (collide, mut collide_answer) = job(insert(1));
         let (last, mut last_answer) = job(insert(3));
-        assert!(commit_group(&conn, vec![first, collide, last]).is_ok());
+        assert!(commit_group(&conn, vec![first, collide, last], None).is_ok());
         assert_eq!(count(&conn), 2);
         assert_eq!(first_answer.try_recv().expect("answered").ok(), Some(1));
         assert!(collide_answer.try_recv().expect("answered").is_err());
@@ -853,7 +879,7 @@ mod tests {
         };
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>(4);
         let writer =
-            std::thread::spawn(move || run(conn, rx, Levels::new(true, None), &AtomicU64::new(0)));
+            std::thread::spawn(move || run(conn, rx, None, Levels::new(None), &AtomicU64::new(0)));
         let (first, first_answer) = too_big(2);
         tx.blocking_send(first).map_err(|_| ()).expect("queued");
         let refused = first_answer.blocking_recv().expect("answered");
