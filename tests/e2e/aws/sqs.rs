@@ -198,7 +198,8 @@ async fn a_fifo_queue_keeps_order_and_drops_duplicates_by_id() -> anyhow::Result
     // in the queue. So every send, the duplicates' included, is done before the drain deletes.
     wait::until_ok(DELIVERY, "every message sent to SQS", || async {
         let sent = agent.metrics()?.binding("r", "x").sent;
-        anyhow::ensure!(sent == N + 3, "{sent} sent");
+        // At least: a QoS 1 redelivery from the broker is sent once more.
+        anyhow::ensure!(sent >= N + 3, "{sent} sent");
         Ok(())
     })
     .await?;

@@ -228,6 +228,11 @@ impl Db {
         self.writer.execute(false, work).await
     }
 
+    /// The writer's group numbers and how far they are durable.
+    pub(crate) fn durability(&self) -> Arc<syncer::Durability> {
+        self.writer.durability()
+    }
+
     /// Runs `item` in `batch`'s next job ([`writer::Batch`]): as
     /// [`Db::write`] or [`Db::write_unsynced`], as the batch was made.
     pub(crate) async fn write_batched<I, T>(

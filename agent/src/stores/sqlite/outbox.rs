@@ -66,6 +66,11 @@
 //!    reaches 0; a newer lease version deletes every run of the partition
 //!    and sets `claimed_to` back to 0, so every fresh record is pending
 //!    again.
+//! 8. A fresh record is claimed (by a claim or an expiry) only once the
+//!    writer's group that appended it is durable ([`Undurable`]): with
+//!    `synchronous: full` the WAL is synced after the commit
+//!    ([`super::syncer`]), and a claim must not see a record before its
+//!    append returned (guarantee 2 of the stores).
 //!
 //! Every operation but `stats` is one job of the writer (atomic and, when
 //! answered, committed); `stats` reads on the read connection. Appends made
@@ -76,12 +81,14 @@
 //! cut makes a record pending again, so it is sent once more — at-least-once
 //! holds — while an acknowledged append lost would be a message lost.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use rusqlite::{CachedStatement, Connection, OptionalExtension, Row, params};
 
 use super::record_list::{self, Entry};
+use super::syncer::Durability;
 use super::{Batch, Db, SqliteOptions, schema, sql_error, to_i64, to_u64};
 use crate::stores::outbox::{Names, RawRecord, into_records, stale, validate_append};
 use crate::stores::{
@@ -159,12 +166,62 @@ fn seq_of(key: i64) -> i64 {
     key & MAX_SEQ as i64
 }
 
+/// The appends whose group is not yet durable, per partition (invariant
+/// 8): what claims and expiries leave alone. Used on the writer thread only,
+/// so its lock is never contended.
+struct Undurable {
+    durability: Arc<Durability>,
+    /// By `pid`, in append order: each append's group and first key.
+    appended: Mutex<HashMap<i64, VecDeque<(u64, i64)>>>,
+}
+
+impl Undurable {
+    fn new(durability: Arc<Durability>) -> Arc<Self> {
+        Arc::new(Undurable {
+            durability,
+            appended: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A message appended at `first_key` of partition `pid`, in the group
+    /// the writer is running.
+    fn appended(&self, pid: i64, first_key: i64) {
+        let group = self.durability.group();
+        if self.durability.is_durable(group) {
+            return;
+        }
+        let mut appended = self.appended.lock().unwrap_or_else(PoisonError::into_inner);
+        appended
+            .entry(pid)
+            .or_default()
+            .push_back((group, first_key));
+    }
+
+    /// The highest key of partition `pid` a claim may take fresh, if any
+    /// append is not yet durable. Groups become durable in order, and a
+    /// partition's keys rise from group to group, so the durable appends are
+    /// a prefix of its list.
+    fn claimable_to(&self, pid: i64) -> Option<i64> {
+        let mut appended = self.appended.lock().unwrap_or_else(PoisonError::into_inner);
+        let waiting = appended.get_mut(&pid)?;
+        while let Some((group, _)) = waiting.front() {
+            if !self.durability.is_durable(*group) {
+                break;
+            }
+            waiting.pop_front();
+        }
+        waiting.front().map(|(_, first_key)| first_key - 1)
+    }
+}
+
 /// An outbox in a SQLite database.
 pub struct SqliteOutboxStore {
     db: Db,
     options: SqliteOptions,
     /// Appends made while the writer is busy share one job ([`append_all`]).
     appends: Arc<Batch<Append, Vec<u64>>>,
+    /// What claims leave alone until it is durable (invariant 8).
+    undurable: Arc<Undurable>,
 }
 
 impl SqliteOutboxStore {
@@ -172,10 +229,16 @@ impl SqliteOutboxStore {
     /// needed and migrating an older layout in place.
     pub async fn open(options: SqliteOptions) -> StoreResult<Self> {
         let db = Db::open(options.clone(), "outbox", schema::outbox).await?;
+        let undurable = Undurable::new(db.durability());
+        let recorded = Arc::clone(&undurable);
         Ok(SqliteOutboxStore {
             db,
             options,
-            appends: Batch::new(true, append_all),
+            appends: Batch::new(
+                true,
+                Box::new(move |conn, appends| append_all(conn, appends, &recorded)),
+            ),
+            undurable,
         })
     }
 
@@ -800,7 +863,11 @@ struct Appending {
 /// `last_seq` once. A message refused before it wrote anything (its
 /// partition cannot take more seqs or partitions) gets its own error and
 /// the others go on; any other failure fails the whole batch.
-fn append_all(conn: &Connection, appends: Vec<Append>) -> StoreResult<Vec<StoreResult<Vec<u64>>>> {
+fn append_all(
+    conn: &Connection,
+    appends: Vec<Append>,
+    undurable: &Undurable,
+) -> StoreResult<Vec<StoreResult<Vec<u64>>>> {
     let mut partitions: Vec<Appending> = Vec::new();
     let mut results = Vec::with_capacity(appends.len());
     let mut insert = conn
@@ -811,7 +878,14 @@ fn append_all(conn: &Connection, appends: Vec<Append>) -> StoreResult<Vec<StoreR
         .map_err(sql_error)?;
     for (partition, message) in appends {
         let before = conn.total_changes();
-        match append_one(conn, &mut insert, &mut partitions, partition, message) {
+        match append_one(
+            conn,
+            &mut insert,
+            &mut partitions,
+            partition,
+            message,
+            undurable,
+        ) {
             // Part of it written, or the transaction rolled back (see the
             // writer's notes): nothing of the batch may stay.
             Err(e) if conn.total_changes() != before || conn.is_autocommit() => return Err(e),
@@ -837,6 +911,7 @@ fn append_one(
     partitions: &mut Vec<Appending>,
     partition: String,
     message: NewMessage,
+    undurable: &Undurable,
 ) -> StoreResult<Vec<u64>> {
     // Checked before anything is written (a new partition's row included),
     // so a refused append leaves nothing.
@@ -877,6 +952,7 @@ fn append_one(
             message.envelope.into_encoded()
         ])
         .map_err(sql_error)?;
+    undurable.appended(p.pid, msg);
     p.last = last;
     Ok((first..=last).collect())
 }
@@ -895,6 +971,8 @@ struct ClaimArgs<'a> {
     limit: usize,
     now: SystemTime,
     stale_after: Duration,
+    /// The appends not yet durable (invariant 8).
+    undurable: &'a Undurable,
 }
 
 /// The partition a claim or an expiry works on, past its fence.
@@ -989,6 +1067,11 @@ fn claim(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>> 
         Some(row) if a.limit > 0 => keys.of_row(row.seq),
         _ => last,
     };
+    // Nothing an append not yet durable wrote (invariant 8).
+    let upto = a
+        .undurable
+        .claimable_to(keys.pid())
+        .map_or(upto, |durable| upto.min(durable));
     // None when `claimed_to` is the last key there can be (`i64::MAX`).
     let (fresh, envelopes) = match fenced.claimed_to.max(first).checked_add(1) {
         Some(from) => fresh_with(conn, keys, (from, upto), a.limit, true)?,
@@ -1536,8 +1619,10 @@ fn expire(conn: &Connection, a: ClaimArgs<'_>) -> StoreResult<Vec<OutboxRecord>>
         .collect::<Result<_, _>>()
         .map_err(sql_error)?;
     let mut fresh: Vec<RawRecord> = Vec::new();
+    let durable_to = a.undurable.claimable_to(keys.pid());
     for (msg, last_seq) in expired {
-        let end = keys.of_row(last_seq);
+        // Nothing an append not yet durable wrote (invariant 8).
+        let end = durable_to.map_or(keys.of_row(last_seq), |d| keys.of_row(last_seq).min(d));
         if end > fenced.claimed_to && fresh.len() < a.limit {
             let from = msg.max(fenced.claimed_to + 1);
             fresh.extend(fresh_in(conn, keys, (from, end), a.limit - fresh.len())?);
@@ -1749,6 +1834,7 @@ impl OutboxStore for SqliteOutboxStore {
     ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
         let (partition, owner) = (partition.to_owned(), owner.to_owned());
         let stale_after = self.options.stale_claim_duration;
+        let undurable = Arc::clone(&self.undurable);
         Box::pin(self.db.write_unsynced(move |c| {
             claim(
                 c,
@@ -1759,6 +1845,7 @@ impl OutboxStore for SqliteOutboxStore {
                     limit,
                     now,
                     stale_after,
+                    undurable: &undurable,
                 },
             )
         }))
@@ -1800,6 +1887,7 @@ impl OutboxStore for SqliteOutboxStore {
         limit: usize,
     ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
         let (partition, owner) = (partition.to_owned(), owner.to_owned());
+        let undurable = Arc::clone(&self.undurable);
         Box::pin(self.db.write_unsynced(move |c| {
             expire(
                 c,
@@ -1810,6 +1898,7 @@ impl OutboxStore for SqliteOutboxStore {
                     limit,
                     now,
                     stale_after: Duration::ZERO,
+                    undurable: &undurable,
                 },
             )
         }))
@@ -1839,6 +1928,60 @@ mod tests {
     fn message(bindings: &[&str]) -> NewMessage {
         let records = bindings.iter().map(|b| NewRecord::new(*b, "out")).collect();
         NewMessage::new(envelope("m"), t(1), records)
+    }
+
+    /// Invariant 8: a claim or an expiry takes no fresh record whose append's
+    /// group is not yet durable, and takes it once it is. The durability is
+    /// driven by hand here, on a connection of the test's own; the store's
+    /// syncer is what drives it in use.
+    #[tokio::test]
+    async fn claims_and_expiries_take_only_what_durable_appends_wrote() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let (store, options) = opened(&dir).await;
+        // Durable: appended through the store, which answered it.
+        assert_eq!(
+            store.append("p", message(&["x", "y"])).await,
+            Ok(vec![1, 2])
+        );
+        store.close().await;
+        let conn = Connection::open(&options.path).expect("open the file");
+        let durability = Durability::new(true);
+        let undurable = Undurable::new(Arc::clone(&durability));
+        let group = durability.begin_group();
+        let expiring = NewMessage {
+            expires_at: Some(t(2)),
+            ..message(&["x", "y"])
+        };
+        let appended =
+            append_all(&conn, vec![("p".to_owned(), expiring)], &undurable).expect("appended");
+        assert_eq!(appended, vec![Ok(vec![3, 4])]);
+        let args = |now| ClaimArgs {
+            partition: "p",
+            owner: "o",
+            version: 1,
+            limit: 10,
+            now,
+            stale_after: Duration::from_secs(60),
+            undurable: &undurable,
+        };
+        let seqs = |records: Vec<OutboxRecord>| records.iter().map(|r| r.seq).collect::<Vec<_>>();
+
+        assert_eq!(
+            expire(&conn, args(t(3))).map(seqs),
+            Ok(vec![]),
+            "not durable"
+        );
+        assert_eq!(
+            claim(&conn, args(t(1))).map(seqs),
+            Ok(vec![1, 2]),
+            "not durable"
+        );
+        durability.synced_to(group);
+        assert_eq!(
+            expire(&conn, args(t(3))).map(seqs),
+            Ok(vec![3, 4]),
+            "durable"
+        );
     }
 
     /// The last seqs a key can hold are assigned and work like any other;

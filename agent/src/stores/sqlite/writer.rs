@@ -28,8 +28,7 @@
 //! completions — which free room — with an append that does not fit would
 //! take the completions back too, and room would never come back. On the
 //! happy path everything waiting shares one transaction, as before (one
-//! commit, one fsync per group): no second commit per group where nothing
-//! needs it.
+//! commit per group): no second commit per group where nothing needs it.
 //!
 //! **A store with a size limit keeps room for drain writes.** With
 //! `max_size_bytes`, groups with a synced job (appends, DLQ puts) may grow
@@ -70,7 +69,7 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::sql_error;
-use super::syncer::{Syncer, Waiting};
+use super::syncer::{Durability, Syncer, Waiting, refused_after_failed_sync};
 use crate::stores::{StoreError, StoreResult};
 
 /// Jobs waiting for the writer; senders wait when it is full.
@@ -162,7 +161,8 @@ pub(crate) struct Batch<I, T> {
 type Reply<T> = oneshot::Sender<StoreResult<T>>;
 
 /// What a [`Batch`] does with its calls.
-pub(crate) type BatchWork<I, T> = fn(&Connection, Vec<I>) -> StoreResult<Vec<StoreResult<T>>>;
+pub(crate) type BatchWork<I, T> =
+    Box<dyn Fn(&Connection, Vec<I>) -> StoreResult<Vec<StoreResult<T>>> + Send + Sync>;
 
 impl<I: Send + 'static, T: Send + 'static> Batch<I, T> {
     /// Calls run by `work`, committed as [`Writer::execute`]'s `synced`.
@@ -278,6 +278,8 @@ pub(crate) struct Writer {
     thread: JoinHandle<()>,
     /// Transactions committed: with the jobs answered, how well groups form.
     commits: Arc<AtomicU64>,
+    /// The groups' numbers and how far they are durable.
+    durability: Arc<Durability>,
 }
 
 impl Writer {
@@ -290,9 +292,10 @@ impl Writer {
         full: bool,
         limit: Option<PageLimit>,
     ) -> StoreResult<Self> {
+        let durability = Durability::new(full);
         let syncer = if full {
             let wal = wal_path(&conn)?;
-            let syncer = Syncer::for_wal(&wal, name)?;
+            let syncer = Syncer::for_wal(&wal, name, Arc::clone(&durability))?;
             conn.execute_batch("PRAGMA synchronous=NORMAL")
                 .map_err(sql_error)?;
             Some(syncer)
@@ -302,15 +305,29 @@ impl Writer {
         let (jobs, rx) = mpsc::channel(CHANNEL_CAPACITY);
         let commits = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&commits);
+        let numbers = Arc::clone(&durability);
         let thread = std::thread::Builder::new()
             .name(format!("ferry-sqlite-{name}"))
-            .spawn(move || run(conn, rx, syncer, Levels::new(limit), &counter))
+            .spawn(move || {
+                let sync = Syncing {
+                    syncer,
+                    durability: numbers,
+                };
+                run(conn, rx, sync, Levels::new(limit), &counter)
+            })
             .map_err(|e| StoreError::Unavailable(format!("cannot start writer thread: {e}")))?;
         Ok(Writer {
             jobs,
             thread,
             commits,
+            durability,
         })
+    }
+
+    /// The groups' numbers and how far they are durable, for work that must
+    /// hold back what is not yet durable (see [`Durability`]).
+    pub(crate) fn durability(&self) -> Arc<Durability> {
+        Arc::clone(&self.durability)
     }
 
     /// Runs `work` in the next group transaction and returns its result once
@@ -422,6 +439,13 @@ impl PageLimit {
     }
 }
 
+/// How the writer's groups become durable: numbered, and their synced jobs
+/// handed to the syncer when there is one.
+struct Syncing {
+    syncer: Option<Syncer>,
+    durability: Arc<Durability>,
+}
+
 /// The connection's page limit, switched between groups as their jobs need.
 struct Levels {
     limit: Option<PageLimit>,
@@ -442,7 +466,7 @@ impl Levels {
 fn run(
     conn: Connection,
     mut rx: mpsc::Receiver<Box<dyn Job>>,
-    syncer: Option<Syncer>,
+    sync: Syncing,
     mut levels: Levels,
     commits: &AtomicU64,
 ) {
@@ -467,7 +491,7 @@ fn run(
             vec![waiting]
         };
         for group in groups.into_iter().filter(|g| !g.is_empty()) {
-            match commit_kind(&conn, group, syncer.as_ref(), &mut levels) {
+            match commit_kind(&conn, group, &sync, &mut levels) {
                 Ok(()) => {
                     commits.fetch_add(1, Ordering::Relaxed);
                 }
@@ -483,7 +507,7 @@ fn run(
         }
     }
     // Every synced job handed over is answered before the connection closes.
-    drop(syncer);
+    drop(sync);
 }
 
 /// Commits a group, first switching the connection's page limit (see the
@@ -491,7 +515,7 @@ fn run(
 fn commit_kind(
     conn: &Connection,
     group: Vec<Box<dyn Job>>,
-    syncer: Option<&Syncer>,
+    sync: &Syncing,
     levels: &mut Levels,
 ) -> StoreResult<()> {
     let synced = group.iter().any(|job| job.synced());
@@ -507,7 +531,7 @@ fn commit_kind(
             }
         }
     }
-    commit_group(conn, group, syncer)
+    commit_group(conn, group, sync)
 }
 
 /// Answers every job of a group that cannot run with `error`.
@@ -519,13 +543,28 @@ fn refuse(group: Vec<Box<dyn Job>>, error: &rusqlite::Error) -> StoreResult<()> 
     Err(error)
 }
 
-/// Runs and answers one group, its synced jobs through `syncer` when there
-/// is one; its outcome (`Ok` when it committed).
+/// Runs and answers one group, numbered, its synced jobs through the syncer
+/// when there is one; its outcome (`Ok` when it committed).
 fn commit_group(
     conn: &Connection,
     mut group: Vec<Box<dyn Job>>,
-    syncer: Option<&Syncer>,
+    sync: &Syncing,
 ) -> StoreResult<()> {
+    if sync.durability.has_failed() {
+        // Never to be answered `Ok`: refused before anything of it is
+        // written (invariant 2 of the syncer).
+        let refused;
+        (refused, group) = group.into_iter().partition(|job| job.synced());
+        let error = refused_after_failed_sync();
+        for job in refused {
+            job.answer(&Err(error.clone()));
+        }
+        if group.is_empty() {
+            return Err(error);
+        }
+    }
+    let number = sync.durability.begin_group();
+    let syncer = sync.syncer.as_ref();
     let outcome = run_group(conn, &mut group);
     if outcome.is_err() {
         // Nothing of the group may stay half-applied; a failed ROLLBACK
@@ -541,7 +580,7 @@ fn commit_group(
         }
     }
     if let Some(syncer) = syncer.filter(|_| !durable.is_empty()) {
-        syncer.committed(durable);
+        syncer.committed(number, durable);
     }
     outcome
 }
@@ -590,6 +629,14 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+
+    /// How a store without a syncer commits.
+    fn unsynced() -> Syncing {
+        Syncing {
+            syncer: None,
+            durability: Durability::new(false),
+        }
+    }
 
     fn writer() -> (Writer, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("temporary directory");
@@ -648,19 +695,22 @@ mod tests {
     /// in `runs`; item 5 is refused without a write, item 99 fails the
     /// batch after a write.
     fn inserting() -> Arc<Batch<i64, i64>> {
-        Batch::new(true, |c, items| {
-            c.execute("INSERT INTO runs DEFAULT VALUES", [])
-                .map_err(super::super::sql_error)?;
-            let mut results = Vec::new();
-            for x in items {
-                match x {
-                    5 => results.push(Err(StoreError::Conflict("five".into()))),
-                    99 => return Err(StoreError::Conflict("ninety-nine".into())),
-                    x => results.push(insert(x)(c)),
+        Batch::new(
+            true,
+            Box::new(|c, items| {
+                c.execute("INSERT INTO runs DEFAULT VALUES", [])
+                    .map_err(super::super::sql_error)?;
+                let mut results = Vec::new();
+                for x in items {
+                    match x {
+                        5 => results.push(Err(StoreError::Conflict("five".into()))),
+                        99 => return Err(StoreError::Conflict("ninety-nine".into())),
+                        x => results.push(insert(x)(c)),
+                    }
                 }
-            }
-            Ok(results)
-        })
+                Ok(results)
+            }),
+        )
     }
 
     /// Sends a job that holds the writer until the returned sender is used
@@ -824,6 +874,34 @@ mod tests {
             .expect("count")
     }
 
+    /// Invariant 2 of the syncer: once a sync failed, a durable write is
+    /// answered as refused and nothing of it is written, while drain writes
+    /// go on.
+    #[test]
+    fn after_a_failed_sync_durable_writes_are_refused_unrun() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let conn = Connection::open(dir.path().join("w.db")).expect("open");
+        conn.execute_batch("CREATE TABLE t (x INTEGER UNIQUE)")
+            .expect("schema");
+        let sync = unsynced();
+        sync.durability.fail();
+        let (durable, mut durable_answer) = job(insert(1));
+        let (reply, mut drain_answer) = oneshot::channel();
+        let drain = Box::new(TypedJob {
+            synced: false,
+            work: Some(insert(2)),
+            result: None,
+            reply,
+        });
+        assert_eq!(commit_group(&conn, vec![durable, drain], &sync), Ok(()));
+        match durable_answer.try_recv().expect("answered") {
+            Err(StoreError::Unavailable(e)) => assert!(e.contains("earlier fsync"), "{e}"),
+            other => panic!("the durable write answered {other:?}"),
+        }
+        assert_eq!(drain_answer.try_recv().expect("answered"), Ok(2));
+        assert_eq!(count(&conn), 1, "only the drain write");
+    }
+
     #[test]
     fn a_job_failing_part_way_takes_its_group_back() {
         let dir = tempfile::tempdir().expect("temporary directory");
@@ -837,7 +915,7 @@ mod tests {
             insert(1)(c)
         });
         let (after, mut after_answer) = job(insert(3));
-        assert!(commit_group(&conn, vec![before, partial, after], None).is_err());
+        assert!(commit_group(&conn, vec![before, partial, after], &unsynced()).is_err());
         assert_eq!(count(&conn), 0, "nothing of the group is applied");
         for answer in [&mut before_answer, &mut partial_answer, &mut after_answer] {
             assert!(answer.try_recv().expect("answered").is_err());
@@ -848,7 +926,7 @@ mod tests {
         let (first, mut first_answer) = job(insert(1));
         let (collide, mut collide_answer) = job(insert(1));
         let (last, mut last_answer) = job(insert(3));
-        assert!(commit_group(&conn, vec![first, collide, last], None).is_ok());
+        assert!(commit_group(&conn, vec![first, collide, last], &unsynced()).is_ok());
         assert_eq!(count(&conn), 2);
         assert_eq!(first_answer.try_recv().expect("answered").ok(), Some(1));
         assert!(collide_answer.try_recv().expect("answered").is_err());
@@ -878,8 +956,9 @@ mod tests {
             })
         };
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>(4);
-        let writer =
-            std::thread::spawn(move || run(conn, rx, None, Levels::new(None), &AtomicU64::new(0)));
+        let writer = std::thread::spawn(move || {
+            run(conn, rx, unsynced(), Levels::new(None), &AtomicU64::new(0))
+        });
         let (first, first_answer) = too_big(2);
         tx.blocking_send(first).map_err(|_| ()).expect("queued");
         let refused = first_answer.blocking_recv().expect("answered");
