@@ -184,17 +184,20 @@ impl Undurable {
     }
 
     /// A message appended at `first_key` of partition `pid`, in the group
-    /// the writer is running.
+    /// the writer is running. One entry per group and partition, the
+    /// group's first key (a partition's keys rise within a group), so the
+    /// list is as long as the groups not yet durable.
     fn appended(&self, pid: i64, first_key: i64) {
         let group = self.durability.group();
         if self.durability.is_durable(group) {
             return;
         }
         let mut appended = self.appended.lock().unwrap_or_else(PoisonError::into_inner);
-        appended
-            .entry(pid)
-            .or_default()
-            .push_back((group, first_key));
+        let waiting = appended.entry(pid).or_default();
+        self.drop_durable(waiting);
+        if waiting.back().is_none_or(|(last, _)| *last != group) {
+            waiting.push_back((group, first_key));
+        }
     }
 
     /// The highest key of partition `pid` a claim may take fresh, if any
@@ -204,13 +207,18 @@ impl Undurable {
     fn claimable_to(&self, pid: i64) -> Option<i64> {
         let mut appended = self.appended.lock().unwrap_or_else(PoisonError::into_inner);
         let waiting = appended.get_mut(&pid)?;
-        while let Some((group, _)) = waiting.front() {
-            if !self.durability.is_durable(*group) {
-                break;
-            }
+        self.drop_durable(waiting);
+        waiting.front().map(|(_, first_key)| first_key - 1)
+    }
+
+    /// Drops the appends that became durable from the front of a list.
+    fn drop_durable(&self, waiting: &mut VecDeque<(u64, i64)>) {
+        while waiting
+            .front()
+            .is_some_and(|(group, _)| self.durability.is_durable(*group))
+        {
             waiting.pop_front();
         }
-        waiting.front().map(|(_, first_key)| first_key - 1)
     }
 }
 

@@ -19,11 +19,14 @@
 //! 2. Nothing is answered `Ok` after a sync failed. A failed fsync may have
 //!    dropped dirty pages, and the WAL's frames are chained by checksum, so
 //!    a lost frame takes every later commit with it at recovery: the
-//!    writes of the failed sync are answered `Unavailable`, and from then on
+//!    writes of the failed sync, and those handed over during it, are
+//!    answered `Unavailable`; they stay written (an outbox append among
+//!    them is held back from claims, invariant 5, until the agent restarts,
+//!    and its source, never acknowledged, delivers it again). From then on
 //!    the writer refuses every durable write without running it
-//!    ([`Durability::has_failed`]) until the store is opened again. Run, it
-//!    would be visible and drained though answered as failed, and its
-//!    caller's retries would each store another copy.
+//!    ([`Durability::has_failed`]) until the agent restarts: run, it would
+//!    be written though answered as failed, and its caller's retries would
+//!    each store another copy.
 //! 3. Frames may be overwritten only once durable elsewhere: SQLite restarts
 //!    the WAL only after a checkpoint copied every frame into the database
 //!    file and synced it (as it does at `NORMAL`), so a write whose frames a
@@ -98,7 +101,7 @@ impl Durability {
 }
 
 /// What a failed sync means for every later durable write (invariant 2).
-const AFTER: &str = "nothing written since is known to be durable; open the store again";
+const AFTER: &str = "nothing written since is known to be durable; restart the agent";
 
 /// The answer to a durable write refused after a sync failed (invariant 2).
 pub(super) fn refused_after_failed_sync() -> StoreError {
@@ -330,20 +333,18 @@ mod tests {
             syncer.committed(n as u64 + 1, [write(n, &to)]);
             let (got, outcome) = answers.recv_timeout(WAIT).expect("answered");
             assert_eq!(got, n);
+            // Set before the first answer: a retry must find it refused.
+            assert!(durability.has_failed(), "the writer refuses durable writes");
             match outcome {
                 Err(StoreError::Unavailable(message)) => {
                     assert!(message.contains("EIO"), "{message}");
-                    assert!(message.contains("open the store again"), "{message}");
+                    assert!(message.contains("restart the agent"), "{message}");
                 }
                 other => panic!("write {n} answered {other:?}"),
             }
         }
         assert_eq!(syncs.load(Ordering::SeqCst), 1, "no sync is tried again");
         assert!(!durability.is_durable(1), "nothing became durable");
-        assert!(
-            durability.has_failed(),
-            "the writer refuses durable writes from now on"
-        );
     }
 
     #[test]
