@@ -855,18 +855,41 @@ mod tests {
         assert_eq!(after, rows, "nothing of that group stayed");
     }
 
-    /// A job of `work` and the receiver of its answer.
+    /// A synced job of `work` and the receiver of its answer.
     fn job<T: Send + 'static>(
+        work: impl FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    ) -> (Box<dyn Job>, oneshot::Receiver<StoreResult<T>>) {
+        job_of(true, work)
+    }
+
+    /// An unsynced job (a drain write) of `work` and the receiver of its answer.
+    fn drain_job<T: Send + 'static>(
+        work: impl FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    ) -> (Box<dyn Job>, oneshot::Receiver<StoreResult<T>>) {
+        job_of(false, work)
+    }
+
+    fn job_of<T: Send + 'static>(
+        synced: bool,
         work: impl FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     ) -> (Box<dyn Job>, oneshot::Receiver<StoreResult<T>>) {
         let (reply, answer) = oneshot::channel();
         let job = Box::new(TypedJob {
-            synced: true,
+            synced,
             work: Some(work),
             result: None,
             reply,
         });
         (job, answer)
+    }
+
+    /// A new database holding the table `t` the jobs write.
+    fn table() -> (Connection, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let conn = Connection::open(dir.path().join("w.db")).expect("open");
+        conn.execute_batch("CREATE TABLE t (x INTEGER UNIQUE)")
+            .expect("schema");
+        (conn, dir)
     }
 
     fn count(conn: &Connection) -> i64 {
@@ -879,20 +902,11 @@ mod tests {
     /// go on.
     #[test]
     fn after_a_failed_sync_durable_writes_are_refused_unrun() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let conn = Connection::open(dir.path().join("w.db")).expect("open");
-        conn.execute_batch("CREATE TABLE t (x INTEGER UNIQUE)")
-            .expect("schema");
+        let (conn, _dir) = table();
         let sync = unsynced();
         sync.durability.fail();
         let (durable, mut durable_answer) = job(insert(1));
-        let (reply, mut drain_answer) = oneshot::channel();
-        let drain = Box::new(TypedJob {
-            synced: false,
-            work: Some(insert(2)),
-            result: None,
-            reply,
-        });
+        let (drain, mut drain_answer) = drain_job(insert(2));
         assert_eq!(commit_group(&conn, vec![durable, drain], &sync), Ok(()));
         match durable_answer.try_recv().expect("answered") {
             Err(StoreError::Unavailable(e)) => assert!(e.contains("earlier fsync"), "{e}"),
@@ -904,10 +918,7 @@ mod tests {
 
     #[test]
     fn a_job_failing_part_way_takes_its_group_back() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let conn = Connection::open(dir.path().join("w.db")).expect("open");
-        conn.execute_batch("CREATE TABLE t (x INTEGER UNIQUE)")
-            .expect("schema");
+        let (conn, _dir) = table();
         let (before, mut before_answer) = job(insert(1));
         // Writes a row, then fails: its row must not be committed.
         let (partial, mut partial_answer) = job(|c: &Connection| {
@@ -964,15 +975,9 @@ mod tests {
         let refused = first_answer.blocking_recv().expect("answered");
         assert!(matches!(refused, Err(StoreError::Full(_))), "{refused:?}");
 
-        let (reply, deleted) = oneshot::channel();
-        let delete = Box::new(TypedJob {
-            synced: false,
-            work: Some(|c: &Connection| {
-                c.execute("DELETE FROM t WHERE x = 1", [])
-                    .map_err(super::super::sql_error)
-            }),
-            result: None,
-            reply,
+        let (delete, deleted) = drain_job(|c: &Connection| {
+            c.execute("DELETE FROM t WHERE x = 1", [])
+                .map_err(super::super::sql_error)
         });
         let (append, appended) = too_big(3);
         // The append goes first: sent together, the delete still commits.
