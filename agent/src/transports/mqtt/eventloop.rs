@@ -10,6 +10,11 @@
 //!   with one call (more only when the kernel takes part of it). Then it reads
 //!   what the broker sent before it takes requests again, so a steady stream
 //!   of requests cannot starve the reads.
+//! - **Answers are read in batches.** On plain TCP the socket's receive
+//!   low-water mark follows the answers the broker owes, set again before
+//!   every wait to read ([`LowWater`], ADR 0019): the loop wakes once a
+//!   quarter of them arrived, not for each PUBACK, and is never left
+//!   waiting for bytes no one owes it.
 //! - **Written means written.** `PublishWritten` is reported after the bytes
 //!   of that publish left in a write, in request order (the senders' FIFO of
 //!   waiters relies on it); so a publish is reported written before its
@@ -64,6 +69,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::codec::{Codec, ConnectOptions, Incoming};
+use super::low_water::LowWater;
 use super::packet_ids::PacketIdMap;
 use super::protocol::{Client, Control, Event};
 use super::settings::{
@@ -146,6 +152,8 @@ struct Connection {
     read_due: bool,
     /// Our DISCONNECT is in `write` (or written): take no more requests.
     closing: bool,
+    /// The socket's receive low-water mark, following the answers owed.
+    low_water: LowWater,
 }
 
 impl Connection {
@@ -293,7 +301,7 @@ impl EventLoop {
 
     async fn connect(&mut self) -> Result<Event, String> {
         let connecting = tokio::time::timeout(self.connect_timeout, self.handshake());
-        let (stream, read, connack) = match connecting.await {
+        let (stream, read, connack, low_water) = match connecting.await {
             Ok(result) => result?,
             Err(_) => {
                 return Err(format!(
@@ -330,6 +338,7 @@ impl EventLoop {
             ping_sent: None,
             read_due: false,
             closing: false,
+            low_water,
         };
         if connack.session_present {
             for &pkid in &self.pubrel_owed {
@@ -356,26 +365,29 @@ impl EventLoop {
         })
     }
 
-    /// TCP (and TLS), CONNECT, and the CONNACK with whatever arrived after it.
+    /// TCP (and TLS), CONNECT, and the CONNACK with whatever arrived after
+    /// it; the connection's low-water mark.
     async fn handshake(
         &self,
-    ) -> Result<(Box<dyn Stream>, BytesMut, super::codec::ConnAck), String> {
+    ) -> Result<(Box<dyn Stream>, BytesMut, super::codec::ConnAck, LowWater), String> {
         let tcp = TcpStream::connect((self.endpoint.host.as_str(), self.endpoint.port))
             .await
             .map_err(|e| format!("I/O: {e}"))?;
         tcp.set_nodelay(true).map_err(|e| format!("I/O: {e}"))?;
-        let mut stream: Box<dyn Stream> = match &self.tls {
+        let (mut stream, low_water): (Box<dyn Stream>, _) = match &self.tls {
             Some(connector) => {
                 let name = ServerName::try_from(self.endpoint.host.clone())
                     .map_err(|e| format!("TLS: invalid server name: {e}"))?;
-                Box::new(
-                    connector
-                        .connect(name, tcp)
-                        .await
-                        .map_err(|e| format!("TLS: {e}"))?,
-                )
+                let tls = connector
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| format!("TLS: {e}"))?;
+                (Box::new(tls), LowWater::none())
             }
-            None => Box::new(tcp),
+            None => {
+                let low_water = LowWater::of(&tcp).map_err(|e| format!("I/O: {e}"))?;
+                (Box::new(tcp), low_water)
+            }
         };
         let mut write = BytesMut::new();
         self.codec
@@ -389,7 +401,9 @@ impl EventLoop {
         let mut read = BytesMut::new();
         loop {
             match self.codec.decode(&mut read, self.options.max_incoming)? {
-                Some(Incoming::ConnAck(connack)) => return Ok((stream, read, connack)),
+                Some(Incoming::ConnAck(connack)) => {
+                    return Ok((stream, read, connack, low_water));
+                }
                 Some(other) => {
                     return Err(format!(
                         "the broker sent {other:?} before its CONNACK (a protocol error)"
@@ -442,6 +456,15 @@ impl EventLoop {
         connection.read_due = false;
         connection.read.reserve(READ_ROOM);
         let read = connection.may_read(&self.client);
+        // A PINGRESP is 2 bytes: awaited with the mark at 1.
+        let owed = match connection.ping_sent {
+            Some(_) => 0,
+            None => connection.inflight.pending.len(),
+        };
+        connection
+            .low_water
+            .follow(owed)
+            .map_err(|e| format!("I/O: cannot set the receive low-water mark: {e}"))?;
         let deadline = connection.keep_alive_deadline();
         let keep_alive = async {
             match deadline {
@@ -681,6 +704,7 @@ mod tests {
             ping_sent: None,
             read_due: false,
             closing: false,
+            low_water: LowWater::none(),
         }
     }
 
@@ -759,7 +783,9 @@ mod tests {
                 let _ = socket.write_all(&out).await;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let _ = socket.read(&mut connect).await;
+            // Whatever the client sends is read and dropped, and the socket
+            // stays open until the client closes it.
+            while socket.read(&mut connect).await.is_ok_and(|n| n > 0) {}
         });
         (port, task)
     }
@@ -871,6 +897,55 @@ mod tests {
             }
             broker.abort();
         }
+    }
+
+    /// Answers read in batches (`low_water`): with eighteen PUBACKs owed
+    /// the loop waits for four at a time, and as they arrive one by one,
+    /// 50 ms apart, it lowers its mark before each wait, so the last ones
+    /// (fewer bytes than the first mark) are read too.
+    #[tokio::test]
+    async fn answers_that_arrive_one_by_one_are_all_read() {
+        use rumqttc::v5::mqttbytes::v5::{ConnAck, ConnectReturnCode, Packet, PubAck};
+        let connack = Packet::ConnAck(ConnAck {
+            session_present: false,
+            code: ConnectReturnCode::Success,
+            properties: None,
+        });
+        let mut writes = vec![vec![connack]];
+        writes.extend((1..=18).map(|pkid| vec![Packet::PubAck(PubAck::new(pkid, None))]));
+        let (port, broker) = fake_broker(writes).await;
+        let settings = MqttSessionSettings::new("t", format!("tcp://127.0.0.1:{port}"), "client-t");
+        let endpoint = settings.validate().expect("valid settings");
+        let (client, mut eventloop) = create(&settings, &endpoint, None).expect("created");
+        let next = async |eventloop: &mut EventLoop| match tokio::time::timeout(
+            Duration::from_secs(5),
+            eventloop.poll(),
+        )
+        .await
+        {
+            Ok(Ok(event)) => format!("{event:?}"),
+            other => format!("{other:?}"),
+        };
+        assert!(next(&mut eventloop).await.contains("Connected"));
+        let envelope = crate::stores::conformance::envelope("a");
+        for _ in 0..18 {
+            let publish = Publish::v5("t", Qos::AtLeastOnce, false, &envelope, SystemTime::now());
+            assert!(client.try_publish(publish.expect("valid")).is_ok());
+        }
+        let mut acked = Vec::new();
+        while acked.len() < 18 {
+            let event = next(&mut eventloop).await;
+            if event.contains("Acked") {
+                acked.push(event);
+            } else {
+                assert!(event.contains("PublishWritten"), "{event}");
+            }
+        }
+        let expected: Vec<String> = (1..=18)
+            .map(|pkid| format!("Acked {{ pkid: {pkid}, refused: None }}"))
+            .collect();
+        assert_eq!(acked, expected);
+        broker.abort();
     }
 
     #[test]

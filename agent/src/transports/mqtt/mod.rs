@@ -8,7 +8,8 @@
 //! - The receiver acknowledges in receive order, only after settle; see
 //!   `receiver` for the invariants. The sender resolves on the PUBACK of its own
 //!   publish; see `sender`.
-//! - `eventloop` owns each session's socket and batches its writes (ADR 0008);
+//! - `eventloop` owns each session's socket and batches its writes (ADR 0008),
+//!   and `low_water` its reads of the broker's answers (ADR 0019);
 //!   `protocol` is the request queue and the events between it and the
 //!   session; `codec` encodes and decodes packets of both versions on
 //!   rumqttc's `mqttbytes`, except the publishes Ferry sends, which
@@ -23,6 +24,7 @@
 
 mod codec;
 mod eventloop;
+mod low_water;
 mod packet_ids;
 mod properties;
 mod protocol;

@@ -1,0 +1,121 @@
+//! Answers read in batches: a plain TCP connection's receive low-water mark
+//! (`SO_RCVLOWAT`) follows the answers the broker owes it
+//! (`docs/adr/0019-mqtt-receive-low-water.md`).
+//!
+//! A broker acknowledges each publish in a write of its own, so a sender
+//! with a window of publishes in flight was woken, and read, once for every
+//! one or two PUBACKs: most of the agent's system calls and context switches
+//! in a flat-out fan-out. With the mark at a quarter of what is owed the
+//! kernel wakes the event loop once that much has arrived, and one read
+//! takes it; the other three quarters keep the window busy meanwhile.
+//!
+//! Invariants:
+//!
+//! 1. **The owed answers always reach the mark.** Every answer the loop
+//!    awaits is at least [`ANSWER_BYTES`] long on the wire (PUBACK, PUBREC
+//!    and PUBCOMP 4, SUBACK 5, in both versions). With `owed` answers
+//!    outstanding, at most one of them partly read into the loop's buffer,
+//!    at least `4 × (owed − 1) + 1` bytes are still to arrive; [`mark`] never
+//!    asks for more (it asks for at most `owed` bytes). So a loop waiting to
+//!    read is woken by the answers themselves, never left waiting for bytes
+//!    no one owes it. The mark is set again before every wait, after the
+//!    reads that lowered `owed`.
+//! 2. **Nothing else waits behind it.** A PINGRESP (2 bytes) is awaited with
+//!    the mark at 1; the end of the connection (FIN, reset) wakes a reader
+//!    whatever the mark. A publish the broker sends a session that also has
+//!    answers owed waits at most until those answers arrive.
+//! 3. **Plain TCP only.** Under TLS, rustls holds the bytes of a partly read
+//!    record, which the kernel no longer counts, so invariant 1 could not be
+//!    kept: a TLS connection reads every answer as it comes.
+//! 4. **Few system calls.** The mark moves in powers of two, so it is set
+//!    again only when what is owed halves or doubles.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+
+/// The fewest bytes of an answer the loop awaits: a PUBACK, PUBREC or
+/// PUBCOMP of a v3.1.1 or v5 broker (fixed header and packet id, v5's reason
+/// code and properties omitted on success).
+const ANSWER_BYTES: u32 = 4;
+
+/// The low-water mark for `owed` answers: a quarter of them, rounded down
+/// to a power of two, in bytes; 1 (the kernel's default: any byte) below
+/// eight.
+fn mark(owed: usize) -> u32 {
+    let quarter = owed / 4;
+    if quarter < 2 {
+        return 1;
+    }
+    let power = 1_usize << quarter.ilog2();
+    u32::try_from(power).map_or(u32::MAX, |p| p.saturating_mul(ANSWER_BYTES))
+}
+
+/// The mark of one connection's socket.
+pub(super) struct LowWater {
+    /// A duplicate of a plain TCP connection's descriptor (the same socket;
+    /// the stream itself is boxed behind a trait); `None` under TLS.
+    socket: Option<OwnedFd>,
+    /// The mark set on the socket.
+    set: u32,
+}
+
+impl LowWater {
+    /// For a plain TCP connection: its mark follows the answers owed.
+    pub fn of(socket: &impl AsFd) -> io::Result<Self> {
+        Ok(LowWater {
+            socket: Some(socket.as_fd().try_clone_to_owned()?),
+            set: 1,
+        })
+    }
+
+    /// For a connection whose mark stays at 1 (TLS, see invariant 3).
+    pub fn none() -> Self {
+        LowWater {
+            socket: None,
+            set: 1,
+        }
+    }
+
+    /// Sets the mark for `owed` answers, if it changed. An error leaves the
+    /// connection unusable: its caller ends it rather than wait on a mark
+    /// it could not lower.
+    pub fn follow(&mut self, owed: usize) -> io::Result<()> {
+        let Some(socket) = &self.socket else {
+            return Ok(());
+        };
+        let want = mark(owed);
+        if want != self.set {
+            ferry_sockopt::set_receive_low_water(socket, want)?;
+            self.set = want;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Invariant 1 for every count of answers a connection can owe (packet
+    /// ids are 16 bits).
+    #[test]
+    fn the_mark_never_asks_for_more_than_the_owed_answers_send() {
+        for owed in 0..=usize::from(u16::MAX) {
+            let still_to_come = (owed as u64).saturating_sub(1) * u64::from(ANSWER_BYTES) + 1;
+            assert!(
+                u64::from(mark(owed)) <= still_to_come.max(1),
+                "{owed} owed: mark {}",
+                mark(owed)
+            );
+        }
+    }
+
+    #[test]
+    fn the_mark_is_a_quarter_of_the_owed_answers_in_powers_of_two() {
+        let marks: Vec<u32> = [0, 1, 3, 4, 7, 8, 15, 16, 63, 64, 100]
+            .into_iter()
+            .map(mark)
+            .collect();
+        assert_eq!(marks, [1, 1, 1, 1, 1, 8, 8, 16, 32, 64, 64]);
+    }
+}
