@@ -18,7 +18,7 @@ agent=$(realpath "${1:?usage: perf-agent.sh AGENT OUT [ferry-bench flags]}")
 out=${2:?usage: perf-agent.sh AGENT OUT [ferry-bench flags]}
 shift 2
 bench=${FERRY_BENCH:-target/release/ferry-bench}
-calls=fsync,fdatasync,pwrite64,pread64,fcntl,futex,epoll_wait,recvfrom,sendto,write,writev,read
+calls=fsync,fdatasync,pwrite64,pread64,fcntl,futex,epoll_wait,recvfrom,sendto,write,writev,read,setsockopt
 events=$(echo "$calls" | sed 's/\([a-z0-9_]*\)/syscalls:sys_enter_\1/g')
 
 "$bench" --scenario "${SCENARIO:-fan-out}" --agent "$agent" "$@" >"$out.bench" 2>&1 &
