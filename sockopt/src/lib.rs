@@ -10,6 +10,9 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 
+/// The size of the option's value, as `setsockopt` takes it.
+const C_INT_SIZE: libc::socklen_t = size_of::<libc::c_int>() as libc::socklen_t;
+
 /// Sets the receive low-water mark of `socket` to `bytes` (at least 1):
 /// until that many bytes are queued the socket is not readable, and the
 /// kernel does not wake a reader that waits for it (since Linux 4.20 it
@@ -18,18 +21,17 @@ pub fn set_receive_low_water(socket: &impl AsFd, bytes: u32) -> io::Result<()> {
     let value = libc::c_int::try_from(bytes.max(1))
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "low-water mark too large"))?;
     let fd = socket.as_fd().as_raw_fd();
-    let size = libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(4);
     // SAFETY: `fd` is borrowed from `socket`, open for the whole call;
-    // `value` is a live `c_int` and `size` is its size, as `SO_RCVLOWAT`
-    // takes; the kernel only reads it.
-    #[allow(unsafe_code)]
+    // `value` is a live `c_int` and `C_INT_SIZE` is its size, as
+    // `SO_RCVLOWAT` takes; the kernel only reads it.
+    #[expect(unsafe_code, reason = "setsockopt has no safe binding for SO_RCVLOWAT")]
     let result = unsafe {
         libc::setsockopt(
             fd,
             libc::SOL_SOCKET,
             libc::SO_RCVLOWAT,
             (&raw const value).cast(),
-            size,
+            C_INT_SIZE,
         )
     };
     if result == 0 {

@@ -9,12 +9,14 @@
 //!   (PUBREL, PUBCOMP, PINGREQ), encodes them into one buffer and writes it
 //!   with one call (more only when the kernel takes part of it). Then it reads
 //!   what the broker sent before it takes requests again, so a steady stream
-//!   of requests cannot starve the reads.
+//!   of requests cannot starve the reads (what has reached the low-water mark,
+//!   below).
 //! - **Answers are read in batches.** On plain TCP the socket's receive
 //!   low-water mark follows the answers the broker owes, set again before
-//!   every wait to read ([`LowWater`], ADR 0019): the loop wakes once a
-//!   quarter of them arrived, not for each PUBACK, and is never left
-//!   waiting for bytes no one owes it.
+//!   every wait to read ([`LowWater`], ADR 0019): a sending session wakes
+//!   once an eighth to a quarter of them arrived, not for each PUBACK, and
+//!   is never left waiting for bytes no one owes it. A receiving session
+//!   reads every packet as it comes.
 //! - **Written means written.** `PublishWritten` is reported after the bytes
 //!   of that publish left in a write, in request order (the senders' FIFO of
 //!   waiters relies on it); so a publish is reported written before its
@@ -53,7 +55,8 @@
 //!   burst into the receiver's overflow as before (a session with QoS 1/2
 //!   sends in flight, or a route stalled for a keep-alive interval, holds
 //!   little back); and while reads are held a broker's DISCONNECT or a
-//!   closed socket is noticed at the next write or PINGREQ, not at once.
+//!   closed socket is noticed at the next write or PINGREQ, not at once (a
+//!   DISCONNECT left open also waits behind the low-water mark).
 //! - **Cancel safety.** `poll` may be dropped at any await (the session stops):
 //!   the partial read and the unwritten rest of a write live in the
 //!   connection, never in a future.
@@ -202,6 +205,8 @@ pub(crate) struct EventLoop {
     /// broker's session holds their ids until our PUBREL, on this connection
     /// or the next resumed one.
     pubrel_owed: BTreeSet<u16>,
+    /// The session has a receiver: the broker sends it publishes.
+    receives: bool,
 }
 
 /// Builds the client and its event loop for a session; nothing connects yet.
@@ -257,6 +262,7 @@ pub(crate) fn create(
         events: VecDeque::new(),
         failed: None,
         pubrel_owed: BTreeSet::new(),
+        receives: receiver.is_some(),
     };
     Ok((client, eventloop))
 }
@@ -384,8 +390,11 @@ impl EventLoop {
                     .map_err(|e| format!("TLS: {e}"))?;
                 (Box::new(tls), LowWater::none())
             }
+            // A receiving session reads as packets come (low_water,
+            // invariant 2).
+            None if self.receives => (Box::new(tcp), LowWater::none()),
             None => {
-                let low_water = LowWater::of(&tcp).map_err(|e| format!("I/O: {e}"))?;
+                let low_water = LowWater::of(&tcp);
                 (Box::new(tcp), low_water)
             }
         };
@@ -681,6 +690,7 @@ fn on_incoming(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
     use std::time::SystemTime;
 
     use prost::bytes::Bytes;
@@ -899,52 +909,148 @@ mod tests {
         }
     }
 
-    /// Answers read in batches (`low_water`): with eighteen PUBACKs owed
-    /// the loop waits for four at a time, and as they arrive one by one,
-    /// 50 ms apart, it lowers its mark before each wait, so the last ones
-    /// (fewer bytes than the first mark) are read too.
-    #[tokio::test]
-    async fn answers_that_arrive_one_by_one_are_all_read() {
-        use rumqttc::v5::mqttbytes::v5::{ConnAck, ConnectReturnCode, Packet, PubAck};
-        let connack = Packet::ConnAck(ConnAck {
+    /// A broker that answers the CONNECT with `connack`, then reads what
+    /// the client sends and writes what `answer` returns for each packet,
+    /// one packet per write, 50 ms apart; it records when it wrote each.
+    async fn answering_broker(
+        connack: rumqttc::v5::mqttbytes::v5::Packet,
+        mut answer: impl FnMut(
+            rumqttc::v5::mqttbytes::v5::Packet,
+        ) -> Vec<rumqttc::v5::mqttbytes::v5::Packet>
+        + Send
+        + 'static,
+    ) -> (u16, Arc<Mutex<Vec<Instant>>>, tokio::task::JoinHandle<()>) {
+        use rumqttc::v5::mqttbytes::v5::Packet;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let port = listener.local_addr().expect("bound").port();
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let times = Arc::clone(&written);
+        let task = tokio::spawn(async move {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut read = BytesMut::new();
+            let mut connected = false;
+            while socket.read_buf(&mut read).await.is_ok_and(|n| n > 0) {
+                while let Ok(packet) = Packet::read(&mut read, None) {
+                    let out = if connected {
+                        answer(packet)
+                    } else {
+                        connected = true;
+                        vec![connack.clone()]
+                    };
+                    for packet in out {
+                        let mut bytes = BytesMut::new();
+                        packet.write(&mut bytes, None).expect("encodable");
+                        let _ = socket.write_all(&bytes).await;
+                        times.lock().expect("unpoisoned").push(Instant::now());
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        });
+        (port, written, task)
+    }
+
+    fn connack(keep_alive: Option<u16>) -> rumqttc::v5::mqttbytes::v5::Packet {
+        use rumqttc::v5::mqttbytes::v5::{ConnAck, ConnAckProperties, ConnectReturnCode, Packet};
+        Packet::ConnAck(ConnAck {
             session_present: false,
             code: ConnectReturnCode::Success,
-            properties: None,
-        });
-        let mut writes = vec![vec![connack]];
-        writes.extend((1..=18).map(|pkid| vec![Packet::PubAck(PubAck::new(pkid, None))]));
-        let (port, broker) = fake_broker(writes).await;
+            properties: keep_alive.map(|secs| ConnAckProperties {
+                session_expiry_interval: None,
+                receive_max: None,
+                max_qos: None,
+                retain_available: None,
+                max_packet_size: None,
+                assigned_client_identifier: None,
+                topic_alias_max: None,
+                reason_string: None,
+                user_properties: Vec::new(),
+                wildcard_subscription_available: None,
+                subscription_identifiers_available: None,
+                shared_subscription_available: None,
+                server_keep_alive: Some(secs),
+                response_information: None,
+                server_reference: None,
+                authentication_method: None,
+                authentication_data: None,
+            }),
+        })
+    }
+
+    /// A sending session on `port` that has written `n` QoS 1 publishes.
+    async fn sent(port: u16, n: usize) -> EventLoop {
         let settings = MqttSessionSettings::new("t", format!("tcp://127.0.0.1:{port}"), "client-t");
         let endpoint = settings.validate().expect("valid settings");
         let (client, mut eventloop) = create(&settings, &endpoint, None).expect("created");
-        let next = async |eventloop: &mut EventLoop| match tokio::time::timeout(
-            Duration::from_secs(5),
-            eventloop.poll(),
-        )
-        .await
-        {
-            Ok(Ok(event)) => format!("{event:?}"),
-            other => format!("{other:?}"),
-        };
-        assert!(next(&mut eventloop).await.contains("Connected"));
+        let connected = tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await;
+        assert!(matches!(connected, Ok(Ok(Event::Connected { .. }))));
         let envelope = crate::stores::conformance::envelope("a");
-        for _ in 0..18 {
+        for _ in 0..n {
             let publish = Publish::v5("t", Qos::AtLeastOnce, false, &envelope, SystemTime::now());
             assert!(client.try_publish(publish.expect("valid")).is_ok());
         }
+        for pkid in 1..=n {
+            let written = tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await;
+            let written = format!("{written:?}");
+            assert_eq!(written, format!("Ok(Ok(PublishWritten({pkid})))"));
+        }
+        eventloop
+    }
+
+    /// Answers read in batches (`low_water`): with eighteen PUBACKs owed
+    /// the loop waits for four (16 bytes) before it reads, so the first is
+    /// reported only after the fourth was written; and as they arrive one
+    /// by one, 50 ms apart, it lowers its mark before each wait, so the
+    /// last two (8 bytes) are read too.
+    #[tokio::test]
+    async fn answers_are_read_in_batches_and_the_last_ones_too() {
+        use rumqttc::v5::mqttbytes::v5::{Packet, PubAck};
+        let mut publishes = 0;
+        let (port, written, broker) = answering_broker(connack(None), move |packet| {
+            publishes += usize::from(matches!(packet, Packet::Publish(_)));
+            if publishes == 18 && matches!(packet, Packet::Publish(_)) {
+                (1..=18)
+                    .map(|pkid| Packet::PubAck(PubAck::new(pkid, None)))
+                    .collect()
+            } else {
+                Vec::new()
+            }
+        })
+        .await;
+        let mut eventloop = sent(port, 18).await;
         let mut acked = Vec::new();
         while acked.len() < 18 {
-            let event = next(&mut eventloop).await;
-            if event.contains("Acked") {
-                acked.push(event);
-            } else {
-                assert!(event.contains("PublishWritten"), "{event}");
+            match tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await {
+                Ok(Ok(Event::Acked {
+                    pkid,
+                    refused: None,
+                })) => acked.push((pkid, Instant::now())),
+                other => panic!("{other:?} after {} PUBACKs", acked.len()),
             }
         }
-        let expected: Vec<String> = (1..=18)
-            .map(|pkid| format!("Acked {{ pkid: {pkid}, refused: None }}"))
-            .collect();
-        assert_eq!(acked, expected);
+        let pkids: Vec<u16> = acked.iter().map(|(pkid, _)| *pkid).collect();
+        assert_eq!(pkids, (1..=18).collect::<Vec<u16>>());
+        let fourth_written = written.lock().expect("unpoisoned")[3];
+        assert!(acked[0].1 >= fourth_written, "the first PUBACK read alone");
+        broker.abort();
+    }
+
+    /// A PINGREQ's 2-byte PINGRESP is read while many PUBACKs are owed: the
+    /// mark goes back to 1 while it is awaited, so the keep-alive (1 s, the
+    /// broker's) does not end the connection.
+    #[tokio::test]
+    async fn a_pingresp_is_read_while_answers_are_owed() {
+        use rumqttc::v5::mqttbytes::v5::{Packet, PingResp};
+        let (port, _, broker) = answering_broker(connack(Some(1)), |packet| match packet {
+            Packet::PingReq(_) => vec![Packet::PingResp(PingResp)],
+            _ => Vec::new(),
+        })
+        .await;
+        let mut eventloop = sent(port, 18).await;
+        let alive = tokio::time::timeout(Duration::from_millis(3_500), eventloop.poll()).await;
+        assert!(alive.is_err(), "two keep-alive intervals pass: {alive:?}");
         broker.abort();
     }
 

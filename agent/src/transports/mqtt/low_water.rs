@@ -13,7 +13,7 @@
 //!
 //! 1. **The owed answers always reach the mark.** Every answer the loop
 //!    awaits is at least [`ANSWER_BYTES`] long on the wire (PUBACK, PUBREC
-//!    and PUBCOMP 4, SUBACK 5, in both versions). With `owed` answers
+//!    and PUBCOMP 4 in both versions, SUBACK 5 in v3.1.1 and 6 in v5). With `owed` answers
 //!    outstanding, at most one of them partly read into the loop's buffer,
 //!    at least `4 × (owed − 1) + 1` bytes are still to arrive; [`mark`] never
 //!    asks for more (it asks for at most `owed` bytes). So a loop waiting to
@@ -22,13 +22,22 @@
 //!    reads that lowered `owed`.
 //! 2. **Nothing else waits behind it.** A PINGRESP (2 bytes) is awaited with
 //!    the mark at 1; the end of the connection (FIN, reset) wakes a reader
-//!    whatever the mark. A publish the broker sends a session that also has
-//!    answers owed waits at most until those answers arrive.
-//! 3. **Plain TCP only.** Under TLS, rustls holds the bytes of a partly read
-//!    record, which the kernel no longer counts, so invariant 1 could not be
-//!    kept: a TLS connection reads every answer as it comes.
-//! 4. **Few system calls.** The mark moves in powers of two, so it is set
-//!    again only when what is owed halves or doubles.
+//!    whatever the mark. A session that receives (one with a receiver) keeps
+//!    the mark at 1, so the publishes and PUBRELs a broker sends it never
+//!    wait behind answers. Left behind the mark: a broker's DISCONNECT that
+//!    it does not follow by closing the connection (MQTT v5 §3.14.4 says it
+//!    must), read with the answers or at the next PINGREQ.
+//! 3. **Plain TCP on Linux only.** Under TLS, rustls holds the bytes of a
+//!    partly read record, which the kernel no longer counts, so invariant 1
+//!    could not be kept: a TLS connection reads every answer as it comes.
+//!    Linux wakes a reader when a mark is lowered under what is queued (since
+//!    4.20); elsewhere the mark stays at 1.
+//! 4. **A mark that cannot be set costs speed, not messages.** If raising
+//!    it fails, the mark goes back to 1 and stays there for the connection;
+//!    only a mark that cannot be lowered ends the connection, which must not
+//!    wait on it.
+//! 5. **Few system calls.** The mark moves in powers of two, so it is set
+//!    again only when what is owed crosses one.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -38,9 +47,9 @@ use std::os::fd::{AsFd, OwnedFd};
 /// code and properties omitted on success).
 const ANSWER_BYTES: u32 = 4;
 
-/// The low-water mark for `owed` answers: a quarter of them, rounded down
-/// to a power of two, in bytes; 1 (the kernel's default: any byte) below
-/// eight.
+/// The low-water mark for `owed` answers: [`ANSWER_BYTES`] times a quarter
+/// of them rounded down to a power of two (so between an eighth and a
+/// quarter of the answers); 1 (the kernel's default: any byte) below eight.
 fn mark(owed: usize) -> u32 {
     let quarter = owed / 4;
     if quarter < 2 {
@@ -60,12 +69,23 @@ pub(super) struct LowWater {
 }
 
 impl LowWater {
-    /// For a plain TCP connection: its mark follows the answers owed.
-    pub fn of(socket: &impl AsFd) -> io::Result<Self> {
-        Ok(LowWater {
-            socket: Some(socket.as_fd().try_clone_to_owned()?),
-            set: 1,
-        })
+    /// For a plain TCP connection: its mark follows the answers owed (on
+    /// Linux; see invariant 3). Without a descriptor to spare, the mark stays
+    /// at 1.
+    pub fn of(socket: &impl AsFd) -> Self {
+        if !cfg!(target_os = "linux") {
+            return LowWater::none();
+        }
+        match socket.as_fd().try_clone_to_owned() {
+            Ok(socket) => LowWater {
+                socket: Some(socket),
+                set: 1,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "MQTT: acknowledgements read one by one: {e}");
+                LowWater::none()
+            }
+        }
     }
 
     /// For a connection whose mark stays at 1 (TLS, see invariant 3).
@@ -76,17 +96,25 @@ impl LowWater {
         }
     }
 
-    /// Sets the mark for `owed` answers, if it changed. An error leaves the
-    /// connection unusable: its caller ends it rather than wait on a mark
-    /// it could not lower.
+    /// Sets the mark for `owed` answers, if it changed (invariant 4). An
+    /// error means the mark could not be lowered: the caller ends the
+    /// connection rather than wait on it.
     pub fn follow(&mut self, owed: usize) -> io::Result<()> {
         let Some(socket) = &self.socket else {
             return Ok(());
         };
         let want = mark(owed);
-        if want != self.set {
-            ferry_sockopt::set_receive_low_water(socket, want)?;
-            self.set = want;
+        if want == self.set {
+            return Ok(());
+        }
+        match ferry_sockopt::set_receive_low_water(socket, want) {
+            Ok(()) => self.set = want,
+            Err(e) if want > self.set => {
+                tracing::warn!(error = %e, "MQTT: acknowledgements read one by one: {e}");
+                ferry_sockopt::set_receive_low_water(socket, 1)?;
+                *self = LowWater::none();
+            }
+            Err(e) => return Err(e),
         }
         Ok(())
     }
