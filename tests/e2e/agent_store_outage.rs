@@ -117,7 +117,8 @@ async fn a_postgres_outage_pauses_intake_and_the_run_completes_after_it() -> any
         });
         std::future::ready(outcome)
     })
-    .await?;
+    .await
+    .with_context(|| format!("the agent's log ends:\n{}", agent.tail()))?;
     println!(
         "counters settled {} ms after the last delivery: {settled:?}",
         delivered.elapsed().as_millis()
