@@ -911,7 +911,7 @@ mod tests {
 
     /// A broker that answers the CONNECT with `connack`, then reads what
     /// the client sends and writes what `answer` returns for each packet,
-    /// one packet per write, 50 ms apart; it records when it wrote each.
+    /// one packet per write, 50 ms apart; it records when it began each.
     async fn answering_broker(
         connack: rumqttc::v5::mqttbytes::v5::Packet,
         mut answer: impl FnMut(
@@ -942,8 +942,8 @@ mod tests {
                     for packet in out {
                         let mut bytes = BytesMut::new();
                         packet.write(&mut bytes, None).expect("encodable");
-                        let _ = socket.write_all(&bytes).await;
                         times.lock().expect("unpoisoned").push(Instant::now());
+                        let _ = socket.write_all(&bytes).await;
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }
@@ -1032,8 +1032,9 @@ mod tests {
         }
         let pkids: Vec<u16> = acked.iter().map(|(pkid, _)| *pkid).collect();
         assert_eq!(pkids, (1..=18).collect::<Vec<u16>>());
-        let fourth_written = written.lock().expect("unpoisoned")[3];
-        assert!(acked[0].1 >= fourth_written, "the first PUBACK read alone");
+        // The CONNACK was the broker's first write, the fourth PUBACK its fifth.
+        let fourth_sent = written.lock().expect("unpoisoned")[4];
+        assert!(acked[0].1 >= fourth_sent, "the first PUBACK read alone");
         broker.abort();
     }
 
