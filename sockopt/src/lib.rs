@@ -52,7 +52,8 @@ mod tests {
 
     /// What the event loop relies on: a socket below its mark does not
     /// become readable, one at it does, and lowering the mark under what is
-    /// queued makes it readable at once.
+    /// queued makes it readable at once (Linux 4.20 and later).
+    #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn a_socket_is_readable_once_its_mark_is_reached() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
@@ -77,7 +78,6 @@ mod tests {
         assert_eq!(reader.try_read(&mut buf).expect("read"), 8);
         let drained = reader.try_read(&mut buf).expect_err("nothing left");
         assert_eq!(drained.kind(), io::ErrorKind::WouldBlock);
-        set_receive_low_water(&reader, 8).expect("set");
         writer.write_all(&[3; 2]).await.expect("written");
         assert!(!readable(200).await, "2 bytes queued, mark 8");
         set_receive_low_water(&reader, 1).expect("set");

@@ -5,9 +5,9 @@
 //! A broker acknowledges each publish in a write of its own, so a sender
 //! with a window of publishes in flight was woken, and read, once for every
 //! one or two PUBACKs: most of the agent's system calls and context switches
-//! in a flat-out fan-out. With the mark at a quarter of what is owed the
-//! kernel wakes the event loop once that much has arrived, and one read
-//! takes it; the other three quarters keep the window busy meanwhile.
+//! in a flat-out fan-out. With the mark at an eighth to a quarter of what
+//! is owed the kernel wakes the event loop once that much has arrived, and
+//! one read takes it; the rest keep the window busy meanwhile.
 //!
 //! Invariants:
 //!
@@ -64,25 +64,28 @@ pub(super) struct LowWater {
     /// A duplicate of a plain TCP connection's descriptor (the same socket;
     /// the stream itself is boxed behind a trait); `None` under TLS.
     socket: Option<OwnedFd>,
+    /// The session's client id, for the warning when the mark fails.
+    client_id: String,
     /// The mark set on the socket.
     set: u32,
 }
 
 impl LowWater {
-    /// For a plain TCP connection: its mark follows the answers owed (on
-    /// Linux; see invariant 3). Without a descriptor to spare, the mark stays
-    /// at 1.
-    pub fn of(socket: &impl AsFd) -> Self {
+    /// For the plain TCP connection of session `client_id`: its mark
+    /// follows the answers owed (on Linux; see invariant 3). Without a
+    /// descriptor to spare, the mark stays at 1.
+    pub fn of(socket: &impl AsFd, client_id: &str) -> Self {
         if !cfg!(target_os = "linux") {
             return LowWater::none();
         }
         match socket.as_fd().try_clone_to_owned() {
             Ok(socket) => LowWater {
                 socket: Some(socket),
+                client_id: client_id.to_owned(),
                 set: 1,
             },
-            Err(e) => {
-                tracing::warn!(error = %e, "MQTT: acknowledgements read one by one: {e}");
+            Err(error) => {
+                read_one_by_one(client_id, &error);
                 LowWater::none()
             }
         }
@@ -92,6 +95,7 @@ impl LowWater {
     pub fn none() -> Self {
         LowWater {
             socket: None,
+            client_id: String::new(),
             set: 1,
         }
     }
@@ -109,15 +113,27 @@ impl LowWater {
         }
         match ferry_sockopt::set_receive_low_water(socket, want) {
             Ok(()) => self.set = want,
-            Err(e) if want > self.set => {
-                tracing::warn!(error = %e, "MQTT: acknowledgements read one by one: {e}");
-                ferry_sockopt::set_receive_low_water(socket, 1)?;
+            Err(error) if want > self.set => {
+                read_one_by_one(&self.client_id, &error);
+                // A mark above 1 must come down before the socket is let go.
+                if self.set > 1 {
+                    ferry_sockopt::set_receive_low_water(socket, 1)?;
+                }
                 *self = LowWater::none();
             }
-            Err(e) => return Err(e),
+            Err(error) => return Err(error),
         }
         Ok(())
     }
+}
+
+/// The warning when a connection cannot batch its reads.
+fn read_one_by_one(client_id: &str, error: &io::Error) {
+    tracing::warn!(
+        client_id,
+        %error,
+        "MQTT: no receive low-water mark; acknowledgements are read one by one"
+    );
 }
 
 #[cfg(test)]
