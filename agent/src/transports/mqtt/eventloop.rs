@@ -688,6 +688,40 @@ fn on_incoming(
     Ok(())
 }
 
+/// A test broker's CONNACK (v5), with its receive maximum and its keep-alive
+/// if given.
+#[cfg(test)]
+pub(super) fn test_connack(
+    receive_max: Option<u16>,
+    keep_alive: Option<u16>,
+) -> rumqttc::v5::mqttbytes::v5::Packet {
+    use rumqttc::v5::mqttbytes::v5::{ConnAck, ConnAckProperties, ConnectReturnCode, Packet};
+    let properties = (receive_max.is_some() || keep_alive.is_some()).then(|| ConnAckProperties {
+        session_expiry_interval: None,
+        receive_max,
+        max_qos: None,
+        retain_available: None,
+        max_packet_size: None,
+        assigned_client_identifier: None,
+        topic_alias_max: None,
+        reason_string: None,
+        user_properties: Vec::new(),
+        wildcard_subscription_available: None,
+        subscription_identifiers_available: None,
+        shared_subscription_available: None,
+        server_keep_alive: keep_alive,
+        response_information: None,
+        server_reference: None,
+        authentication_method: None,
+        authentication_data: None,
+    });
+    Packet::ConnAck(ConnAck {
+        session_present: false,
+        code: ConnectReturnCode::Success,
+        properties,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -820,34 +854,6 @@ mod tests {
         (port, task)
     }
 
-    /// A CONNACK, with the broker's keep-alive if given.
-    fn connack(keep_alive: Option<u16>) -> Packet {
-        use rumqttc::v5::mqttbytes::v5::{ConnAck, ConnAckProperties, ConnectReturnCode};
-        Packet::ConnAck(ConnAck {
-            session_present: false,
-            code: ConnectReturnCode::Success,
-            properties: keep_alive.map(|secs| ConnAckProperties {
-                session_expiry_interval: None,
-                receive_max: None,
-                max_qos: None,
-                retain_available: None,
-                max_packet_size: None,
-                assigned_client_identifier: None,
-                topic_alias_max: None,
-                reason_string: None,
-                user_properties: Vec::new(),
-                wildcard_subscription_available: None,
-                subscription_identifiers_available: None,
-                shared_subscription_available: None,
-                server_keep_alive: Some(secs),
-                response_information: None,
-                server_reference: None,
-                authentication_method: None,
-                authentication_data: None,
-            }),
-        })
-    }
-
     /// The broker's publish with packet id 9.
     fn publish_9() -> Packet {
         let mut publish = rumqttc::v5::mqttbytes::v5::Publish::new(
@@ -899,10 +905,18 @@ mod tests {
         let disconnect =
             || Packet::Disconnect(Disconnect::new(DisconnectReasonCode::ServerShuttingDown));
         let end = "ended: the broker disconnected: ServerShuttingDown";
-        let seen =
-            events_until_the_end(vec![vec![connack(None)], vec![publish_9(), disconnect()]]).await;
+        let seen = events_until_the_end(vec![
+            vec![test_connack(None, None)],
+            vec![publish_9(), disconnect()],
+        ])
+        .await;
         assert_eq!(seen, ["connected", "publish 9", end]);
-        let seen = events_until_the_end(vec![vec![connack(None), publish_9(), disconnect()]]).await;
+        let seen = events_until_the_end(vec![vec![
+            test_connack(None, None),
+            publish_9(),
+            disconnect(),
+        ]])
+        .await;
         assert_eq!(seen, [end]);
     }
 
@@ -912,7 +926,8 @@ mod tests {
     #[tokio::test]
     async fn held_reads_wait_unless_an_answer_is_awaited() {
         for awaiting in [false, true] {
-            let (port, broker) = fake_broker(vec![vec![connack(None)], vec![publish_9()]]).await;
+            let (port, broker) =
+                fake_broker(vec![vec![test_connack(None, None)], vec![publish_9()]]).await;
             let (client, mut eventloop) = session(port);
             // The next event, or "nothing" within `ms`.
             let next = async |eventloop: &mut EventLoop, ms: u64| match tokio::time::timeout(
@@ -973,7 +988,7 @@ mod tests {
         use rumqttc::v5::mqttbytes::v5::PubAck;
         let mut publishes = 0;
         let (port, written, broker) = broker(move |packet| match packet {
-            Packet::Connect(..) => vec![vec![connack(None)]],
+            Packet::Connect(..) => vec![vec![test_connack(None, None)]],
             Packet::Publish(_) => {
                 publishes += 1;
                 if publishes < 18 {
@@ -1011,7 +1026,7 @@ mod tests {
     async fn a_pingresp_is_read_while_answers_are_owed() {
         use rumqttc::v5::mqttbytes::v5::PingResp;
         let (port, _, broker) = broker(|packet| match packet {
-            Packet::Connect(..) => vec![vec![connack(Some(1))]],
+            Packet::Connect(..) => vec![vec![test_connack(None, Some(1))]],
             Packet::PingReq(_) => vec![vec![Packet::PingResp(PingResp)]],
             _ => Vec::new(),
         })

@@ -459,14 +459,13 @@ struct Outage {
 #[cfg(test)]
 mod tests {
     use futures::StreamExt;
-    use rumqttc::v5::mqttbytes::v5::{
-        ConnAck, ConnAckProperties, ConnectReturnCode, Packet, PubAck,
-    };
+    use rumqttc::v5::mqttbytes::v5::{Packet, PubAck};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     use super::*;
     use crate::transports::Address;
+    use crate::transports::mqtt::eventloop::test_connack;
     use crate::transports::mqtt::protocol::REQUEST_QUEUE;
 
     /// A broker that accepts one connection, answers its CONNECT and then
@@ -488,29 +487,7 @@ mod tests {
             let mut buf = [0u8; 4096];
             let _ = socket.read(&mut buf).await;
             let mut out = prost::bytes::BytesMut::new();
-            let connack = Packet::ConnAck(ConnAck {
-                session_present: false,
-                code: ConnectReturnCode::Success,
-                properties: receive_max.map(|max| ConnAckProperties {
-                    receive_max: Some(max),
-                    session_expiry_interval: None,
-                    max_qos: None,
-                    retain_available: None,
-                    max_packet_size: None,
-                    assigned_client_identifier: None,
-                    topic_alias_max: None,
-                    reason_string: None,
-                    user_properties: Vec::new(),
-                    wildcard_subscription_available: None,
-                    subscription_identifiers_available: None,
-                    shared_subscription_available: None,
-                    server_keep_alive: None,
-                    response_information: None,
-                    server_reference: None,
-                    authentication_method: None,
-                    authentication_data: None,
-                }),
-            });
+            let connack = test_connack(receive_max, None);
             connack.write(&mut out, None).expect("encodable");
             let _ = socket.write_all(&out).await;
             let mut read = prost::bytes::BytesMut::new();
