@@ -105,10 +105,12 @@ async fn a_postgres_outage_pauses_intake_and_the_run_completes_after_it() -> any
     // The agent's own counters: every message sent on every binding, nothing dropped,
     // dead-lettered or expired. (Not `in_flight == 0`: an append whose COMMIT answer was lost
     // in the cut may have committed, and its retry stores the message twice; the copy counts
-    // as sent but was never counted received: the agent cannot tell.) Likewise a completion
-    // whose COMMIT answer was lost in the cut deleted its records uncounted: they stay in
-    // `in_flight` though the outbox holds nothing for the binding any more (its depth, read
-    // from the store, is 0), and only those may make up for `sent`.
+    // as sent but was never counted received: the agent cannot tell.) A completion whose
+    // COMMIT answer was lost in the cut is counted when the drainer writes it again under
+    // the same lease version; if the grant lapsed in the outage (renewals failed for
+    // 10 s of a 15 s TTL), that write is void and its records stay in `in_flight` though
+    // the outbox holds nothing for the binding any more (its depth, read from the store,
+    // is 0): only those may make up for `sent`.
     let delivered = Instant::now();
     let settled = wait::until_ok(SETTLE, "every binding's sends counted", || {
         let outcome = agent.metrics().and_then(|m| {

@@ -83,6 +83,10 @@ pub(super) struct Outcomes {
     dead: Vec<(OutboxRecord, Failure)>,
     failed: BTreeMap<String, Vec<u64>>,
     untried: Vec<u64>,
+    /// A `complete` of these outcomes failed without knowing whether it was
+    /// applied (its answer was lost): written again under the same version,
+    /// the records it finds gone were deleted by that earlier attempt.
+    completion_unknown: bool,
 }
 
 /// Most accepted records a batch of outcomes makes room for before they come.
@@ -187,8 +191,8 @@ impl Drainer {
     /// [`Drainer::write_outcomes`]; on failure keeps `outcomes` for the next
     /// cycle under the same version (unless fenced out: then the claims are
     /// void and nothing is left to write).
-    async fn write_or_keep(&self, version: u64, outcomes: Outcomes) -> StoreResult<()> {
-        let result = self.write_outcomes(version, &outcomes).await;
+    async fn write_or_keep(&self, version: u64, mut outcomes: Outcomes) -> StoreResult<()> {
+        let result = self.write_outcomes(version, &mut outcomes).await;
         if let Err(error) = &result
             && !matches!(error, StoreError::Stale(_))
         {
@@ -466,30 +470,44 @@ impl Drainer {
         outcomes.dead.push((r, f));
     }
 
-    /// Dead-letters (or drops) what must be, then writes every outcome (see
-    /// [`Drainer::settle`]). A record whose DLQ write failed is released
-    /// untried and retried. Safe to repeat: a DLQ write is idempotent by id,
-    /// and `complete` and `release` act only on records still claimed under
-    /// `version`, so nothing is counted twice.
-    async fn write_outcomes(&self, version: u64, outcomes: &Outcomes) -> StoreResult<()> {
-        let Outcomes {
-            accepted,
-            expired,
-            dead,
-            failed,
-            untried,
-        } = outcomes;
-        let expired = expired
+    /// Dead-letters (or drops) what must be, then writes every outcome: one
+    /// `complete` for everything terminal (accepted or disposed), one counted
+    /// `release` per distinct error, one uncounted `release` for the rest. A
+    /// record whose DLQ write failed is released untried and retried. On
+    /// failure `outcomes` keeps what is left to write: once the completion
+    /// succeeded, only the releases. Safe to repeat: a DLQ write is
+    /// idempotent by id, and `complete` and `release` act only on records
+    /// still claimed under `version`, so nothing is counted twice.
+    async fn write_outcomes(&self, version: u64, outcomes: &mut Outcomes) -> StoreResult<()> {
+        let expired = outcomes
+            .expired
             .iter()
             .map(|r| (r, expiry_failure(r), self.on_expired));
-        let dead = dead
+        let dead = outcomes
+            .dead
             .iter()
             .map(|(r, f)| (r, f.clone(), self.on_permanent_failure));
         let (disposed, retry) = self.dispose_all(expired.chain(dead)).await;
-        let mut untried = untried.clone();
-        untried.extend(retry);
-        self.settle(version, &disposed, accepted, failed, &untried)
-            .await
+        let completed = self
+            .complete_terminal(
+                version,
+                &disposed,
+                &outcomes.accepted,
+                outcomes.completion_unknown,
+            )
+            .await;
+        if let Err(error) = &completed
+            && !error.outcome_known()
+        {
+            outcomes.completion_unknown = true;
+        }
+        completed?;
+        outcomes.accepted.clear();
+        outcomes.expired.clear();
+        outcomes.dead.clear();
+        outcomes.completion_unknown = false;
+        outcomes.untried.extend(retry);
+        self.release_rest(version, outcomes).await
     }
 
     /// Applies each record's failure action (without counting it: see
@@ -543,43 +561,59 @@ impl Drainer {
             && first.is_some_and(|t| now.duration_since(t).unwrap_or_default() > self.replay_budget)
     }
 
-    /// Writes the cycle's outcome: one `complete` for everything terminal
-    /// (accepted or disposed), one counted `release` per distinct error, one
-    /// uncounted `release` for the rest. Counts each record the `complete`
-    /// deleted — and only those — as `sent` or its disposal's terminal state
-    /// (see the module's counting invariant).
-    async fn settle(
+    /// Completes every terminal record (accepted or disposed) and counts
+    /// each one the `complete` deleted — and only those — as `sent` or its
+    /// disposal's terminal state (see the module's counting invariant).
+    /// After a completion whose outcome was not known (`after_unknown`), the
+    /// records already gone were deleted by it and are counted too: this
+    /// write is under the same version (older leftovers are dropped), and a
+    /// `complete` that is not `Stale` proves no newer holder took them back,
+    /// so nothing but that attempt could have deleted them. (Not counted: a
+    /// disposed record the lost completion deleted whose DLQ write fails in
+    /// the retry — it is not completed again, though its entry exists.)
+    async fn complete_terminal(
         &self,
         version: u64,
         disposed: &[(&OutboxRecord, Terminal)],
         accepted: &[OutboxRecord],
-        failed: &BTreeMap<String, Vec<u64>>,
-        untried: &[u64],
+        after_unknown: bool,
     ) -> StoreResult<()> {
         let terminal: Vec<(&OutboxRecord, Terminal)> = accepted
             .iter()
             .map(|r| (r, Terminal::Sent))
             .chain(disposed.iter().copied())
             .collect();
-        if !terminal.is_empty() {
-            let seqs: Vec<u64> = terminal.iter().map(|(r, _)| r.seq).collect();
-            let done = self
-                .outbox
-                .complete(&self.partition, version, &seqs)
-                .await?;
-            let now = SystemTime::now();
-            for (r, t) in &terminal {
-                if done.binary_search(&r.seq).is_ok()
-                    && let Some(b) = self.bindings.get(&*r.binding)
-                {
-                    b.metrics
-                        .finished(*t, 1, now.duration_since(r.created_at).ok());
-                }
-            }
-            self.depth.sub(done.len() as u64);
+        if terminal.is_empty() {
+            return Ok(());
         }
+        let seqs: Vec<u64> = terminal.iter().map(|(r, _)| r.seq).collect();
+        let done = self
+            .outbox
+            .complete(&self.partition, version, &seqs)
+            .await?;
+        let now = SystemTime::now();
+        for (r, t) in &terminal {
+            if (after_unknown || done.binary_search(&r.seq).is_ok())
+                && let Some(b) = self.bindings.get(&*r.binding)
+            {
+                b.metrics
+                    .finished(*t, 1, now.duration_since(r.created_at).ok());
+            }
+        }
+        let gone = if after_unknown {
+            seqs.len()
+        } else {
+            done.len()
+        };
+        self.depth.sub(gone as u64);
+        Ok(())
+    }
+
+    /// Releases the failed records (one counted `release` per distinct
+    /// error) and the untried ones (one uncounted `release`).
+    async fn release_rest(&self, version: u64, outcomes: &Outcomes) -> StoreResult<()> {
         let attempted_at = SystemTime::now();
-        for (error, seqs) in failed {
+        for (error, seqs) in &outcomes.failed {
             self.outbox
                 .release(
                     &self.partition,
@@ -592,9 +626,14 @@ impl Drainer {
                 )
                 .await?;
         }
-        if !untried.is_empty() {
+        if !outcomes.untried.is_empty() {
             self.outbox
-                .release(&self.partition, version, untried, Release::Untried)
+                .release(
+                    &self.partition,
+                    version,
+                    &outcomes.untried,
+                    Release::Untried,
+                )
                 .await?;
         }
         Ok(())

@@ -70,8 +70,12 @@
 //!    completion rejected as `Stale` (a newer version took the claims back)
 //!    deletes nothing and counts nothing: the records are pending again, and
 //!    are counted when the holder that sends them again completes them. A
-//!    record completed by another agent stays in this agent's `in_flight`:
-//!    the law holds per agent for the records it completes.
+//!    completion whose answer was lost (its outcome unknown) is written again
+//!    under the same version, and the records it then finds gone are counted
+//!    too: while the version holds, only that attempt could have deleted
+//!    them. Under a newer version the retry is void, and a record it deleted
+//!    stays in `in_flight`, as does a record completed by another agent: the
+//!    law holds per agent for the records it completes.
 //! 8. **The figures do not depend on the cycle's fate.** The depth and
 //!    oldest-age gauges are refreshed from the store's `stats` every
 //!    [`STATS_EVERY`], whether or not this agent holds the lease or its last

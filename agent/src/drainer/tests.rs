@@ -68,15 +68,20 @@ fn envelope(payload: &str, expires_at: Option<SystemTime>) -> Envelope {
 }
 
 /// The memory outbox with injected faults on `complete`: the next
-/// `fail_completes` fail before anything is applied; with `hold`, a
+/// `fail_completes` fail before anything is applied, the next
+/// `lose_answers` are applied and then fail (a commit whose answer was lost
+/// in a store outage); with `hold`, a
 /// completion is applied at once but its answer waits for `release` (a
 /// commit whose reply is still on its way, as with SQLite's writer thread);
 /// with `fail_held`, the next completion waits for `release` and then fails
 /// without applying anything. The claim numbered `hold_claim` (1-based;
-/// 0: none) waits for `claim_release` before it is applied.
+/// 0: none) waits for `claim_release` before it is applied. The next
+/// `fail_releases` releases fail before anything is applied.
 #[derive(Default)]
 struct Faults {
     fail_completes: AtomicUsize,
+    lose_answers: AtomicUsize,
+    fail_releases: AtomicUsize,
     hold: AtomicBool,
     fail_held: AtomicBool,
     entered: Notify,
@@ -130,10 +135,7 @@ impl OutboxStore for Faulty {
         Box::pin(async move {
             let f = &self.faults;
             let injected = || Err(StoreError::Unavailable("injected".into()));
-            if f.fail_completes
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-            {
+            if take_one(&f.fail_completes) {
                 return injected();
             }
             if f.fail_held.swap(false, Ordering::SeqCst) {
@@ -142,6 +144,9 @@ impl OutboxStore for Faulty {
                 return injected();
             }
             let done = self.inner.complete(partition, version, seqs).await;
+            if take_one(&f.lose_answers) {
+                return injected();
+            }
             if f.hold.load(Ordering::SeqCst) {
                 f.entered.notify_one();
                 f.release.notified().await;
@@ -157,6 +162,9 @@ impl OutboxStore for Faulty {
         seqs: &'a [u64],
         release: Release,
     ) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+        if take_one(&self.faults.fail_releases) {
+            return Box::pin(async { Err(StoreError::Unavailable("injected".into())) });
+        }
         self.inner.release(partition, version, seqs, release)
     }
 
@@ -174,6 +182,13 @@ impl OutboxStore for Faulty {
     fn stats<'a>(&'a self, partition: &'a str) -> BoxFuture<'a, StoreResult<OutboxStats>> {
         self.inner.stats(partition)
     }
+}
+
+/// Takes one from a fault's count; false when it is spent.
+fn take_one(count: &AtomicUsize) -> bool {
+    count
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 struct Fixture {
@@ -704,6 +719,44 @@ async fn a_failed_completion_is_written_again_by_the_next_cycle_and_counted_once
         5,
         "nothing sent twice"
     );
+}
+
+#[tokio::test]
+async fn a_completion_whose_answer_was_lost_is_counted_when_written_again() {
+    // The store deleted the records but its answer was lost (a cut
+    // connection after COMMIT): the retry under the same version deletes
+    // nothing, and finds them gone because that first attempt deleted them.
+    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    append(&f, "x", 0..5).await;
+    f.faults.lose_answers.store(1, Ordering::SeqCst);
+    assert!(f.drainer.cycle(1, &CancellationToken::new()).await.is_err());
+    assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
+    assert_eq!(f.drainer.bindings["x"].metrics.counts().sent, 0);
+    assert_eq!(cycle(&f).await, 0);
+    assert_eq!(f.drainer.bindings["x"].metrics.counts().sent, 5);
+    assert_eq!(f.sender.sent.lock().expect("lock").len(), 5);
+}
+
+#[tokio::test]
+async fn records_counted_after_a_lost_answer_are_not_counted_again_with_the_releases() {
+    // Two accepted, the third fails, two untried. The completion's answer is
+    // lost; its retry succeeds but the releases after it fail, so they are
+    // kept: the next retry writes only the releases.
+    let f = fixture(
+        Some((3, SendError::Transient("connection lost".into()))),
+        true,
+        (5, Duration::from_secs(900)),
+    );
+    append(&f, "x", 0..5).await;
+    f.faults.lose_answers.store(1, Ordering::SeqCst);
+    assert!(f.drainer.cycle(1, &CancellationToken::new()).await.is_err());
+    f.faults.fail_releases.store(1, Ordering::SeqCst);
+    assert!(f.drainer.cycle(1, &CancellationToken::new()).await.is_err());
+    assert_eq!(f.drainer.bindings["x"].metrics.counts().sent, 2);
+    let _ = f.drainer.cycle(1, &CancellationToken::new()).await;
+    let counts = f.drainer.bindings["x"].metrics.counts();
+    assert_eq!(counts.sent, 2, "{counts:?}");
+    assert_eq!(f.outbox.dump(P).expect("dump").len(), 3);
 }
 
 #[tokio::test]
