@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, PoisonError};
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use futures::StreamExt;
 use futures::future::{BoxFuture, OptionFuture};
@@ -12,7 +12,7 @@ use futures::stream::FuturesUnordered;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{Drainer, SEND_WINDOW};
+use super::{Drainer, SEND_WINDOW, SWEEP_EVERY};
 use crate::metrics::Terminal;
 use crate::routes::{Failure, write_disposal};
 use crate::spans::{self, disposal_name};
@@ -127,7 +127,11 @@ impl Drainer {
     ) -> StoreResult<Report> {
         self.retry_leftovers(version).await?;
         let now = SystemTime::now();
+        let sweep = self.sweep_due();
         let expiry = async {
+            if !sweep {
+                return Ok(());
+            }
             let expired = self
                 .outbox
                 .expire(&self.partition, &self.owner, version, now, self.batch)
@@ -145,6 +149,21 @@ impl Drainer {
         let report = report?;
         expiry?;
         Ok(report)
+    }
+
+    /// Whether this cycle sweeps for expired records (invariant 5): the
+    /// first one does, and then one at most every [`SWEEP_EVERY`].
+    fn sweep_due(&self) -> bool {
+        let mut last = self
+            .state
+            .last_sweep
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let due = last.is_none_or(|t| t.elapsed() >= SWEEP_EVERY);
+        if due {
+            *last = Some(Instant::now());
+        }
+        due
     }
 
     /// Writes again the outcomes whose write failed under `version` (their

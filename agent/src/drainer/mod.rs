@@ -37,9 +37,13 @@
 //!    failed counts. A record goes to the DLQ after a permanent error, or once
 //!    its replay count exceeds `max_replay_attempts` *and* its first attempt is
 //!    older than `replay_budget`.
-//! 5. **Expiry is fenced too.** Each cycle (also while disconnected) claims
-//!    expired pending records (`OutboxStore::expire`), applies `on_expired`,
-//!    and only then completes them.
+//! 5. **Expiry is fenced too.** A cycle (also while disconnected) first
+//!    claims expired pending records (`OutboxStore::expire`), applies
+//!    `on_expired`, and only then completes them — at most once per
+//!    [`SWEEP_EVERY`]: a record the drain claims is checked for expiry
+//!    anyway, so the sweep is for the records it does not reach (a backlog,
+//!    a lost connection), and at a low rate every message starts a cycle of
+//!    its own.
 //! 6. **The drain streams, never reorders.** A cycle claims batch after
 //!    batch while the partition has records, and each batch's records join
 //!    their binding's send lane as soon as they are claimed, behind the
@@ -96,7 +100,7 @@ mod tests;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use ferry_shared::config::{DrainPoll, FailureAction};
 use tokio::sync::{Notify, watch};
@@ -118,6 +122,10 @@ pub const SEND_WINDOW: usize = 32;
 /// How often at most the drainer reads the partition's statistics for the
 /// depth and oldest-age gauges.
 const STATS_EVERY: Duration = Duration::from_millis(500);
+
+/// How often at most a cycle starts with an expiry sweep (invariant 5): the
+/// sweep is a store transaction, one more per message at a low rate.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Everything one drainer needs.
 pub struct Drainer {
@@ -180,6 +188,8 @@ pub struct DrainerState {
     /// Until when the lease keeper's grant lasts (`None`: not held); set on
     /// every grant and renewal, cleared on loss (invariant 1).
     held_until: Mutex<Option<SystemTime>>,
+    /// When the last expiry sweep started (invariant 5).
+    last_sweep: Mutex<Option<Instant>>,
     cycles: FailureLog,
     dlq_writes: FailureLog,
     stats: FailureLog,
@@ -190,6 +200,7 @@ impl Default for DrainerState {
         Self {
             leftovers: Mutex::new(Vec::new()),
             held_until: Mutex::new(None),
+            last_sweep: Mutex::new(None),
             cycles: FailureLog::new("drain cycle"),
             dlq_writes: FailureLog::new("drainer dlq write"),
             stats: FailureLog::new("outbox stats"),

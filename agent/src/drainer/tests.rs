@@ -76,12 +76,14 @@ fn envelope(payload: &str, expires_at: Option<SystemTime>) -> Envelope {
 /// with `fail_held`, the next completion waits for `release` and then fails
 /// without applying anything. The claim numbered `hold_claim` (1-based;
 /// 0: none) waits for `claim_release` before it is applied. The next
-/// `fail_releases` releases fail before anything is applied.
+/// `fail_releases` releases fail before anything is applied. `expiries`
+/// counts the expiry sweeps.
 #[derive(Default)]
 struct Faults {
     fail_completes: AtomicUsize,
     lose_answers: AtomicUsize,
     fail_releases: AtomicUsize,
+    expiries: AtomicUsize,
     hold: AtomicBool,
     fail_held: AtomicBool,
     entered: Notify,
@@ -176,6 +178,7 @@ impl OutboxStore for Faulty {
         now: SystemTime,
         limit: usize,
     ) -> BoxFuture<'a, StoreResult<Vec<OutboxRecord>>> {
+        self.faults.expiries.fetch_add(1, Ordering::SeqCst);
         self.inner.expire(partition, owner, version, now, limit)
     }
 
@@ -418,6 +421,17 @@ async fn expiry_runs_while_disconnected_and_nothing_is_sent() {
     assert!(left[0].claim.is_none(), "the live record stays pending");
     let x = &f.drainer.bindings["x"].metrics.counts();
     assert_eq!(x.expired, 1);
+}
+
+#[tokio::test]
+async fn cycles_in_quick_succession_sweep_for_expired_records_once() {
+    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    for i in 0..3 {
+        append(&f, "x", i..i + 1).await;
+        cycle(&f).await;
+    }
+    assert_eq!(f.faults.expiries.load(Ordering::SeqCst), 1);
+    assert_eq!(f.sender.sent.lock().expect("lock").len(), 3);
 }
 
 #[tokio::test]
