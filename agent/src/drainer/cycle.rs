@@ -104,6 +104,17 @@ impl Outcomes {
         }
     }
 
+    /// Only accepted records, at most `batch` of them, and no completion
+    /// whose outcome is unknown: what a cycle may leave for the next one.
+    fn deferrable(&self, batch: usize) -> bool {
+        self.accepted.len() <= batch
+            && self.expired.is_empty()
+            && self.dead.is_empty()
+            && self.failed.is_empty()
+            && self.untried.is_empty()
+            && !self.completion_unknown
+    }
+
     fn len(&self) -> usize {
         self.accepted.len()
             + self.expired.len()
@@ -119,7 +130,9 @@ type SendOutcome = (usize, OutboxRecord, Result<(), SendError>);
 impl Drainer {
     /// Writes what an earlier cycle under `version` could not, then expires
     /// what is due and drains the partition (see [`Drainer::drain`]). After
-    /// `stop` no more is claimed; what is in flight finishes.
+    /// `stop` no more is claimed; what is in flight finishes. A cycle that
+    /// drained the partition may leave its last accepted records to the next
+    /// one (invariant 9 of the drainer).
     pub(super) async fn cycle(
         self: &Arc<Self>,
         version: u64,
@@ -149,6 +162,61 @@ impl Drainer {
         let report = report?;
         expiry?;
         Ok(report)
+    }
+
+    /// Keeps a drained cycle's accepted records for the next cycle
+    /// (invariant 9).
+    fn defer(&self, version: u64, outcomes: Outcomes) {
+        *self
+            .state
+            .deferred
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((version, outcomes));
+    }
+
+    /// The accepted records a cycle under `version` left unwritten; those
+    /// of an older version are void (its claims went back to pending) and
+    /// are dropped.
+    fn take_deferred(&self, version: u64) -> Option<Outcomes> {
+        self.state
+            .deferred
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .filter(|(v, _)| *v == version)
+            .map(|(_, outcomes)| outcomes)
+    }
+
+    /// Whether a cycle left accepted records unwritten.
+    pub(super) fn has_deferred(&self) -> bool {
+        self.state
+            .deferred
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// Completes the accepted records a cycle under `version` left, when no
+    /// cycle came to write them (invariant 9). A failed write keeps them for
+    /// the next cycle, like any outcome.
+    pub(super) async fn flush_deferred(self: &Arc<Self>, version: u64) -> StoreResult<()> {
+        match self.take_deferred(version) {
+            Some(outcomes) => joined(self.spawn_write(version, outcomes).await),
+            None => Ok(()),
+        }
+    }
+
+    /// A cycle, then the write of the accepted records it left for the next
+    /// one: all a cycle on its own writes. The first error of the two.
+    #[cfg(test)]
+    pub(super) async fn cycle_and_flush(
+        self: &Arc<Self>,
+        version: u64,
+        stop: &CancellationToken,
+    ) -> StoreResult<Report> {
+        let report = self.cycle(version, stop).await;
+        let flushed = self.flush_deferred(version).await;
+        report.and_then(|r| flushed.map(|()| r))
     }
 
     /// Whether this cycle sweeps for expired records (invariant 5): the
@@ -245,14 +313,22 @@ impl Drainer {
         stop: &CancellationToken,
     ) -> StoreResult<Report> {
         let mut report = Report::default();
+        // The last cycle's accepted records are written beside the first
+        // claim, usually in one commit with it (invariant 9).
+        let deferred = self.take_deferred(version);
         if !*self.connected.borrow() {
+            if let Some(outcomes) = deferred {
+                joined(self.spawn_write(version, outcomes).await)?;
+            }
             return Ok(report);
         }
         let mut lanes = Lanes::default();
         let mut sends: FuturesUnordered<BoxFuture<'static, SendOutcome>> = FuturesUnordered::new();
         let mut outcomes = Outcomes::for_batch(self.batch);
         let mut claiming: Option<BoxFuture<'_, StoreResult<Vec<OutboxRecord>>>> = None;
-        let mut writing: Option<JoinHandle<StoreResult<()>>> = None;
+        let mut writing_count = deferred.as_ref().map_or(0, Outcomes::len);
+        let mut writing: Option<JoinHandle<StoreResult<()>>> =
+            deferred.map(|outcomes| self.spawn_write(version, outcomes));
         // The claim in flight was let through by the outcomes being written
         // (there was no room without them): its records wait for that write.
         let mut claim_awaits_write = false;
@@ -261,8 +337,7 @@ impl Drainer {
         let mut held: Option<Vec<OutboxRecord>> = None;
         // Claimed and not yet settled: held, queued, in flight, in
         // `outcomes` or being written.
-        let mut unsettled = 0usize;
-        let mut writing_count = 0usize;
+        let mut unsettled = writing_count;
         // A claim came back short: the partition is drained.
         let mut more = true;
         // A send, a claim or a write failed, or shutdown: claim nothing more.
@@ -289,6 +364,17 @@ impl Drainer {
             // about to go out).
             let idle = claiming.is_none() && sends.is_empty() && !(may_claim && unsettled <= limit);
             if writing.is_none() && (outcomes.len() >= self.batch || (idle && outcomes.len() > 0)) {
+                if idle
+                    && !more
+                    && !interrupted
+                    && held.is_none()
+                    && outcomes.deferrable(self.batch)
+                {
+                    // Drained, and nothing but accepted records to write:
+                    // the next cycle writes them beside its first claim.
+                    self.defer(version, outcomes);
+                    break;
+                }
                 let taken = std::mem::replace(&mut outcomes, Outcomes::for_batch(self.batch));
                 writing_count = taken.len();
                 writing = Some(self.spawn_write(version, taken));

@@ -89,6 +89,20 @@
 //!    cycle, DLQ write or `stats` is logged once when it starts failing and
 //!    once when it recovers ([`FailureLog`]).
 //!
+//! 9. **A drained cycle may leave its last accepted records unwritten.**
+//!    A cycle that drained the partition, with nothing but accepted records
+//!    (at most a batch) left to write, leaves them to the next cycle under
+//!    the same version, which writes them beside its first claim, usually in
+//!    one commit: at a low rate every message starts a cycle, and this saves
+//!    a store transaction per message. If no cycle starts within
+//!    [`DEFER_FOR`] they are written on their own; at shutdown, before the
+//!    lease is released. The next cycle counts them unsettled (the crash
+//!    window of invariant 6 stays three batches) and they are counted when
+//!    their completion commits (invariant 7). Only a failed write, a send
+//!    failure or a stop makes a cycle write everything before it ends. After
+//!    a lease loss they are void like every claim of their version: the next
+//!    holder sends them again.
+//!
 //! Work arrives through a [`Notify`] the writer signals after each append;
 //! otherwise the fallback poll is `drain_interval` or adaptive backoff.
 
@@ -122,6 +136,10 @@ pub const SEND_WINDOW: usize = 32;
 /// How often at most the drainer reads the partition's statistics for the
 /// depth and oldest-age gauges.
 const STATS_EVERY: Duration = Duration::from_millis(500);
+
+/// How long the accepted records a drained cycle left unwritten wait for
+/// the next cycle before they are completed on their own (invariant 9).
+const DEFER_FOR: Duration = Duration::from_millis(5);
 
 /// How often at most a cycle starts with an expiry sweep (invariant 5): the
 /// sweep is a store transaction, one more per message at a low rate.
@@ -190,6 +208,9 @@ pub struct DrainerState {
     held_until: Mutex<Option<SystemTime>>,
     /// When the last expiry sweep started (invariant 5).
     last_sweep: Mutex<Option<Instant>>,
+    /// Accepted records a drained cycle left for the next one, with the
+    /// version they were claimed under (invariant 9).
+    deferred: Mutex<Option<(u64, cycle::Outcomes)>>,
     cycles: FailureLog,
     dlq_writes: FailureLog,
     stats: FailureLog,
@@ -201,6 +222,7 @@ impl Default for DrainerState {
             leftovers: Mutex::new(Vec::new()),
             held_until: Mutex::new(None),
             last_sweep: Mutex::new(None),
+            deferred: Mutex::new(None),
             cycles: FailureLog::new("drain cycle"),
             dlq_writes: FailureLog::new("drainer dlq write"),
             stats: FailureLog::new("outbox stats"),
@@ -253,7 +275,7 @@ impl Drainer {
                 }
             };
             tracing::info!(partition = %self.partition, version, "draining");
-            loop {
+            'cycles: loop {
                 let mut lost = lease.clone();
                 let lost = async move {
                     // The keeper ends only at shutdown, still holding the
@@ -272,8 +294,13 @@ impl Drainer {
                     report = &mut cycle => report,
                     () = shutdown.cancelled() => {
                         // The cycle claims nothing more now; what is in
-                        // flight finishes and is written.
-                        if tokio::time::timeout(self.grace, &mut cycle).await.is_err() {
+                        // flight finishes and is written, and so is what a
+                        // cycle that drained just before the stop left.
+                        let finish = async {
+                            let _ = (&mut cycle).await;
+                            self.flush_deferred(version).await
+                        };
+                        if tokio::time::timeout(self.grace, finish).await.is_err() {
                             tracing::warn!(partition = %self.partition, "a drain cycle did not finish within the grace period; its claims are taken back on restart");
                         }
                         return;
@@ -300,13 +327,30 @@ impl Drainer {
                         poll.empty();
                     }
                 }
-                tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return,
-                    () = &mut lost => break,
-                    () = self.wake.notified() => {}
-                    () = changed(&mut connected) => {}
-                    () = tokio::time::sleep(poll.interval()) => {}
+                // The records a drained cycle left unwritten are completed
+                // by the next cycle, or after `DEFER_FOR` if none comes.
+                let poll_after = tokio::time::sleep(poll.interval());
+                tokio::pin!(poll_after);
+                loop {
+                    let deferred = self.has_deferred();
+                    tokio::select! {
+                        biased;
+                        () = shutdown.cancelled() => {
+                            if tokio::time::timeout(self.grace, self.flush_deferred(version)).await.is_err() {
+                                tracing::warn!(partition = %self.partition, "completing the last delivered records did not finish within the grace period; they are sent again on restart");
+                            }
+                            return;
+                        }
+                        () = &mut lost => break 'cycles,
+                        () = self.wake.notified() => break,
+                        () = changed(&mut connected) => break,
+                        () = &mut poll_after => break,
+                        () = tokio::time::sleep(DEFER_FOR), if deferred => {
+                            if let Err(error) = self.flush_deferred(version).await {
+                                self.state.cycles.failed(&self.partition, &error);
+                            }
+                        }
+                    }
                 }
             }
             tracing::warn!(partition = %self.partition, version, "lease lost; stopped draining");

@@ -291,7 +291,7 @@ async fn put(f: &Fixture, binding: &str, envelope: Envelope) {
 
 async fn cycle(f: &Fixture) -> usize {
     f.drainer
-        .cycle(1, &CancellationToken::new())
+        .cycle_and_flush(1, &CancellationToken::new())
         .await
         .expect("cycle")
         .claimed
@@ -498,7 +498,7 @@ async fn reached(point: &Notify) {
 
 fn spawn_cycle(f: &Fixture, stop: &CancellationToken) -> JoinHandle<StoreResult<Report>> {
     let (d, stop) = (Arc::clone(&f.drainer), stop.clone());
-    tokio::spawn(async move { d.cycle(1, &stop).await })
+    tokio::spawn(async move { d.cycle_and_flush(1, &stop).await })
 }
 
 async fn finished(run: JoinHandle<StoreResult<Report>>) -> StoreResult<Report> {
@@ -672,7 +672,7 @@ async fn a_stopped_cycle_claims_nothing() {
     append(&f, "x", 0..3).await;
     let stop = CancellationToken::new();
     stop.cancel();
-    let report = f.drainer.cycle(1, &stop).await.expect("cycle");
+    let report = f.drainer.cycle_and_flush(1, &stop).await.expect("cycle");
     assert_eq!(report.claimed, 0);
     assert!(f.sender.sent.lock().expect("lock").is_empty());
     let left = f.outbox.dump(P).expect("dump");
@@ -703,7 +703,8 @@ async fn a_completion_is_counted_even_when_its_cycle_is_dropped() {
     append(&f, "x", 0..5).await;
     f.faults.hold.store(true, Ordering::SeqCst);
     let d = Arc::clone(&f.drainer);
-    let dropped = tokio::spawn(async move { d.cycle(1, &CancellationToken::new()).await });
+    let dropped =
+        tokio::spawn(async move { d.cycle_and_flush(1, &CancellationToken::new()).await });
     f.faults.entered.notified().await;
     dropped.abort();
     assert!(dropped.await.is_err_and(|e| e.is_cancelled()));
@@ -720,7 +721,10 @@ async fn a_failed_completion_is_written_again_by_the_next_cycle_and_counted_once
     let f = fixture(None, true, (5, Duration::from_secs(900)));
     append(&f, "x", 0..5).await;
     f.faults.fail_completes.store(1, Ordering::SeqCst);
-    let first = f.drainer.cycle(1, &CancellationToken::new()).await;
+    let first = f
+        .drainer
+        .cycle_and_flush(1, &CancellationToken::new())
+        .await;
     assert!(first.is_err(), "{first:?}");
     assert_eq!(f.drainer.bindings["x"].metrics.counts().sent, 0);
     // Still claimed (not stale for 300 s): the next cycle writes the outcome
@@ -743,7 +747,12 @@ async fn a_completion_whose_answer_was_lost_is_counted_when_written_again() {
     let f = fixture(None, true, (5, Duration::from_secs(900)));
     append(&f, "x", 0..5).await;
     f.faults.lose_answers.store(1, Ordering::SeqCst);
-    assert!(f.drainer.cycle(1, &CancellationToken::new()).await.is_err());
+    assert!(
+        f.drainer
+            .cycle_and_flush(1, &CancellationToken::new())
+            .await
+            .is_err()
+    );
     assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
     assert_eq!(f.drainer.bindings["x"].metrics.counts().sent, 0);
     assert_eq!(cycle(&f).await, 0);
@@ -763,11 +772,24 @@ async fn records_counted_after_a_lost_answer_are_not_counted_again_with_the_rele
     );
     append(&f, "x", 0..5).await;
     f.faults.lose_answers.store(1, Ordering::SeqCst);
-    assert!(f.drainer.cycle(1, &CancellationToken::new()).await.is_err());
+    assert!(
+        f.drainer
+            .cycle_and_flush(1, &CancellationToken::new())
+            .await
+            .is_err()
+    );
     f.faults.fail_releases.store(1, Ordering::SeqCst);
-    assert!(f.drainer.cycle(1, &CancellationToken::new()).await.is_err());
+    assert!(
+        f.drainer
+            .cycle_and_flush(1, &CancellationToken::new())
+            .await
+            .is_err()
+    );
     assert_eq!(f.drainer.bindings["x"].metrics.counts().sent, 2);
-    let _ = f.drainer.cycle(1, &CancellationToken::new()).await;
+    let _ = f
+        .drainer
+        .cycle_and_flush(1, &CancellationToken::new())
+        .await;
     let counts = f.drainer.bindings["x"].metrics.counts();
     assert_eq!(counts.sent, 2, "{counts:?}");
     assert_eq!(f.outbox.dump(P).expect("dump").len(), 3);
@@ -782,7 +804,12 @@ async fn a_dead_letter_whose_completion_failed_is_counted_once() {
     );
     append(&f, "x", 0..1).await;
     f.faults.fail_completes.store(1, Ordering::SeqCst);
-    assert!(f.drainer.cycle(1, &CancellationToken::new()).await.is_err());
+    assert!(
+        f.drainer
+            .cycle_and_flush(1, &CancellationToken::new())
+            .await
+            .is_err()
+    );
     // The DLQ entry is written, but not counted until the record is completed.
     assert_eq!(f.drainer.bindings["x"].metrics.counts().dead_lettered, 0);
     cycle(&f).await;
@@ -791,6 +818,96 @@ async fn a_dead_letter_whose_completion_failed_is_counted_once() {
     let stats = f.dlq.stats(&DlqFilter::default()).await.expect("dlq stats");
     assert_eq!(stats.total, 1);
     assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
+}
+
+/// The store's depth and binding `x`'s `sent` count.
+async fn depth_and_sent(f: &Fixture) -> (u64, u64) {
+    let depth = f.outbox.stats(P).await.expect("stats").total.depth;
+    (depth, f.drainer.bindings["x"].metrics.counts().sent)
+}
+
+#[tokio::test]
+async fn a_drained_cycle_leaves_its_accepted_records_to_the_next_cycle() {
+    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    let defer = |f: &Fixture| {
+        let d = Arc::clone(&f.drainer);
+        async move { d.cycle(1, &CancellationToken::new()).await }
+    };
+    append(&f, "x", 0..3).await;
+    defer(&f).await.expect("cycle");
+    assert_eq!(f.sender.sent.lock().expect("lock").len(), 3);
+    assert_eq!(depth_and_sent(&f).await, (3, 0), "delivered, not completed");
+    append(&f, "x", 3..5).await;
+    defer(&f).await.expect("cycle");
+    assert_eq!(f.sender.sent.lock().expect("lock").len(), 5);
+    assert_eq!(
+        depth_and_sent(&f).await,
+        (2, 3),
+        "the first three completed"
+    );
+    f.drainer.flush_deferred(1).await.expect("flush");
+    assert_eq!(depth_and_sent(&f).await, (0, 5));
+    assert!(!f.drainer.has_deferred());
+}
+
+#[tokio::test]
+async fn records_left_under_an_older_version_are_sent_again_not_completed() {
+    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    append(&f, "x", 0..3).await;
+    f.drainer
+        .cycle(1, &CancellationToken::new())
+        .await
+        .expect("cycle");
+    // A newer grant voids the claims of version 1: the records are pending
+    // again and go out once more under version 2.
+    f.drainer
+        .cycle_and_flush(2, &CancellationToken::new())
+        .await
+        .expect("cycle");
+    assert_eq!(f.sender.sent.lock().expect("lock").len(), 6);
+    assert_eq!(depth_and_sent(&f).await, (0, 3));
+}
+
+#[tokio::test]
+async fn a_cycle_with_a_failed_send_writes_everything_before_it_ends() {
+    let f = fixture(
+        Some((2, SendError::Transient("connection lost".into()))),
+        true,
+        (5, Duration::from_secs(900)),
+    );
+    append(&f, "x", 0..3).await;
+    f.drainer
+        .cycle(1, &CancellationToken::new())
+        .await
+        .expect("cycle");
+    assert!(!f.drainer.has_deferred());
+    assert_eq!(depth_and_sent(&f).await, (2, 1));
+}
+
+#[tokio::test]
+async fn the_records_the_last_cycle_left_are_completed_at_shutdown_or_soon_after() {
+    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    append(&f, "x", 0..5).await;
+    let Ok(drainer) = Arc::try_unwrap(f.drainer) else {
+        panic!("the fixture's drainer has one owner")
+    };
+    let metrics = drainer.bindings["x"].metrics.clone();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(drainer.run(shutdown.clone()));
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while f.sender.sent.lock().expect("lock").len() < 5 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("delivered");
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the drainer stops within its grace period")
+        .expect("the drainer task");
+    assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
+    assert_eq!(metrics.counts().sent, 5);
 }
 
 #[tokio::test]
