@@ -198,11 +198,21 @@ impl Drainer {
 
     /// Completes the accepted records a cycle under `version` left, when no
     /// cycle came to write them (invariant 9). A failed write keeps them for
-    /// the next cycle, like any outcome.
+    /// the next cycle, like any outcome; the write finishes (and counts)
+    /// even if this future is dropped.
     pub(super) async fn flush_deferred(self: &Arc<Self>, version: u64) -> StoreResult<()> {
         match self.take_deferred(version) {
             Some(outcomes) => joined(self.spawn_write(version, outcomes).await),
             None => Ok(()),
+        }
+    }
+
+    /// On a lease loss, starts the write of the records a cycle under
+    /// `version` left, as a dropped cycle's write goes on (invariant 7):
+    /// the store completes them unless a newer holder took them back.
+    pub(super) fn write_deferred_on_loss(self: &Arc<Self>, version: u64) {
+        if let Some(outcomes) = self.take_deferred(version) {
+            drop(self.spawn_write(version, outcomes));
         }
     }
 
@@ -297,7 +307,9 @@ impl Drainer {
     /// start in `seq` order as soon as they are claimed, behind those of
     /// earlier batches, at most [`SEND_WINDOW`] in flight. Outcomes are
     /// written a batch's worth at a time, and the remainder once nothing
-    /// else is in flight. A batch is claimed while at most two are unsettled
+    /// else is in flight — or, once the partition is drained and nothing
+    /// but accepted records remain, by the next cycle beside its first
+    /// claim (invariant 9 of the drainer). A batch is claimed while at most two are unsettled
     /// besides the outcomes being written, so the claim goes to the store
     /// with the write that makes room for it (usually sharing its commit)
     /// instead of after it; its records are held unsent until that write
@@ -616,7 +628,7 @@ impl Drainer {
     }
 
     /// Applies each record's failure action (without counting it: see
-    /// [`Drainer::settle`]); returns the records disposed of with their
+    /// [`Drainer::complete_terminal`]); returns the records disposed of with their
     /// terminal state, and the seqs to retry (their DLQ write failed, or
     /// their binding is unknown).
     async fn dispose_all<'r>(
@@ -673,9 +685,12 @@ impl Drainer {
     /// records already gone were deleted by it and are counted too: this
     /// write is under the same version (older leftovers are dropped), and a
     /// `complete` that is not `Stale` proves no newer holder took them back,
-    /// so nothing but that attempt could have deleted them. (Not counted: a
-    /// disposed record the lost completion deleted whose DLQ write fails in
-    /// the retry — it is not completed again, though its entry exists.)
+    /// so nothing but that attempt could have deleted them. Two cases miss:
+    /// a disposed record the lost completion deleted whose DLQ write fails
+    /// in the retry is not counted (it is not completed again, though its
+    /// entry exists), and a store that also lost committed writes (a
+    /// failover to an asynchronous replica) may have made a record pending
+    /// again, which is then counted now and once more when it is sent again.
     async fn complete_terminal(
         &self,
         version: u64,

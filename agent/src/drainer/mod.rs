@@ -37,13 +37,13 @@
 //!    failed counts. A record goes to the DLQ after a permanent error, or once
 //!    its replay count exceeds `max_replay_attempts` *and* its first attempt is
 //!    older than `replay_budget`.
-//! 5. **Expiry is fenced too.** A cycle (also while disconnected) first
-//!    claims expired pending records (`OutboxStore::expire`), applies
-//!    `on_expired`, and only then completes them — at most once per
-//!    [`SWEEP_EVERY`]: a record the drain claims is checked for expiry
-//!    anyway, so the sweep is for the records it does not reach (a backlog,
-//!    a lost connection), and at a low rate every message starts a cycle of
-//!    its own.
+//! 5. **Expiry is fenced too.** Beside its drain, a cycle (also while
+//!    disconnected) claims expired pending records (`OutboxStore::expire`),
+//!    applies `on_expired`, and only then completes them — at most once per
+//!    [`SWEEP_EVERY`] under a version: a record the drain claims is checked
+//!    for expiry anyway, so the sweep is for the records it does not reach
+//!    (a backlog, a lost connection), and at a low rate every message
+//!    starts a cycle of its own.
 //! 6. **The drain streams, never reorders.** A cycle claims batch after
 //!    batch while the partition has records, and each batch's records join
 //!    their binding's send lane as soon as they are claimed, behind the
@@ -98,10 +98,13 @@
 //!    [`DEFER_FOR`] they are written on their own; at shutdown, before the
 //!    lease is released. The next cycle counts them unsettled (the crash
 //!    window of invariant 6 stays three batches) and they are counted when
-//!    their completion commits (invariant 7). Only a failed write, a send
-//!    failure or a stop makes a cycle write everything before it ends. After
-//!    a lease loss they are void like every claim of their version: the next
-//!    holder sends them again.
+//!    their completion commits (invariant 7). Any other outcome (a failed
+//!    send or DLQ write, an expired or dead record), more than a batch, and
+//!    a cycle that was interrupted (a failed claim or write, the grant's
+//!    expiry, a stop) make a cycle write everything before it ends. On a
+//!    lease loss their write is still started, as for a cycle dropped then
+//!    (invariant 7): the store's fence lets it through only if no newer
+//!    holder took them back, which then sends them again.
 //!
 //! Work arrives through a [`Notify`] the writer signals after each append;
 //! otherwise the fallback poll is `drain_interval` or adaptive backoff.
@@ -275,6 +278,12 @@ impl Drainer {
                 }
             };
             tracing::info!(partition = %self.partition, version, "draining");
+            // A new grant sweeps at its first cycle (invariant 5).
+            *self
+                .state
+                .last_sweep
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = None;
             'cycles: loop {
                 let mut lost = lease.clone();
                 let lost = async move {
@@ -341,13 +350,32 @@ impl Drainer {
                             }
                             return;
                         }
-                        () = &mut lost => break 'cycles,
+                        () = &mut lost => {
+                            self.write_deferred_on_loss(version);
+                            break 'cycles;
+                        }
                         () = self.wake.notified() => break,
                         () = changed(&mut connected) => break,
                         () = &mut poll_after => break,
                         () = tokio::time::sleep(DEFER_FOR), if deferred => {
-                            if let Err(error) = self.flush_deferred(version).await {
-                                self.state.cycles.failed(&self.partition, &error);
+                            // The write runs in a task of its own: a stop
+                            // or a loss meanwhile is still seen.
+                            let flush = self.flush_deferred(version);
+                            tokio::pin!(flush);
+                            let flushed = tokio::select! {
+                                biased;
+                                () = shutdown.cancelled() => {
+                                    if tokio::time::timeout(self.grace, &mut flush).await.is_err() {
+                                        tracing::warn!(partition = %self.partition, "completing the last delivered records did not finish within the grace period; they are sent again on restart");
+                                    }
+                                    return;
+                                }
+                                () = &mut lost => break 'cycles,
+                                flushed = &mut flush => flushed,
+                            };
+                            match flushed {
+                                Ok(()) | Err(StoreError::Stale(_)) => {}
+                                Err(error) => self.state.cycles.failed(&self.partition, &error),
                             }
                         }
                     }

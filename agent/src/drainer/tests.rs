@@ -208,6 +208,19 @@ fn fixture(
     connected: bool,
     replay: (u32, Duration),
 ) -> Fixture {
+    batched(fail_from, connected, replay, 100)
+}
+
+/// A fixture whose drainer claims `batch` records at a time. With fewer
+/// records left than a batch, a cycle writes its outcomes as soon as a
+/// batch's worth came back, while it still claims: not at its end, where
+/// it would leave them to the next cycle (invariant 9 of the drainer).
+fn batched(
+    fail_from: Option<(usize, SendError)>,
+    connected: bool,
+    replay: (u32, Duration),
+    batch: usize,
+) -> Fixture {
     let metrics = Metrics::new();
     let (tx, rx) = watch::channel(connected);
     let sender = Arc::new(Scripted {
@@ -251,7 +264,7 @@ fn fixture(
         connected: rx,
         wake: Arc::new(Notify::new()),
         depth: Arc::new(OutboxDepth::default()),
-        batch: 100,
+        batch,
         poll: DrainPoll::Fixed(ferry_shared::config::Duration::from_millis(100)),
         lease_ttl: Duration::from_secs(15),
         renew_interval: Duration::from_secs(5),
@@ -698,13 +711,13 @@ async fn sent_reaches(f: &Fixture, b: &str, n: u64) {
 async fn a_completion_is_counted_even_when_its_cycle_is_dropped() {
     // A lease loss drops the cycle while its completion is committed but not
     // yet answered: the records are gone from the outbox, so they must be
-    // counted `sent` all the same (issue 12, 5a).
-    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    // counted `sent` all the same (issue 12, 5a). A batch of five: the
+    // cycle writes them while it claims again, not at its end.
+    let f = batched(None, true, (5, Duration::from_secs(900)), 5);
     append(&f, "x", 0..5).await;
     f.faults.hold.store(true, Ordering::SeqCst);
     let d = Arc::clone(&f.drainer);
-    let dropped =
-        tokio::spawn(async move { d.cycle_and_flush(1, &CancellationToken::new()).await });
+    let dropped = tokio::spawn(async move { d.cycle(1, &CancellationToken::new()).await });
     f.faults.entered.notified().await;
     dropped.abort();
     assert!(dropped.await.is_err_and(|e| e.is_cancelled()));
@@ -762,9 +775,9 @@ async fn a_completion_whose_answer_was_lost_is_counted_when_written_again() {
 
 #[tokio::test]
 async fn records_counted_after_a_lost_answer_are_not_counted_again_with_the_releases() {
-    // Two accepted, the third fails, two untried. The completion's answer is
-    // lost; its retry succeeds but the releases after it fail, so they are
-    // kept: the next retry writes only the releases.
+    // Two accepted, the other three fail (all in flight at once). The
+    // completion's answer is lost; its retry succeeds but the release after
+    // it fails, so it is kept: the next retry writes only the release.
     let f = fixture(
         Some((3, SendError::Transient("connection lost".into()))),
         true,
@@ -869,6 +882,32 @@ async fn records_left_under_an_older_version_are_sent_again_not_completed() {
 }
 
 #[tokio::test]
+async fn records_left_when_the_lease_is_lost_are_completed_unless_a_newer_holder_took_them() {
+    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    append(&f, "x", 0..3).await;
+    f.drainer
+        .cycle(1, &CancellationToken::new())
+        .await
+        .expect("cycle");
+    // Nobody took them: the write under the lost version goes through.
+    f.drainer.write_deferred_on_loss(1);
+    sent_reaches(&f, "x", 3).await;
+    assert_eq!(depth_and_sent(&f).await, (0, 3));
+
+    // A newer holder claimed them first: the write is fenced out.
+    append(&f, "x", 3..5).await;
+    f.drainer
+        .cycle(1, &CancellationToken::new())
+        .await
+        .expect("cycle");
+    let taken = f.outbox.claim(P, "other", 2, 10, SystemTime::now()).await;
+    assert_eq!(taken.expect("claim").len(), 2);
+    f.drainer.write_deferred_on_loss(1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(depth_and_sent(&f).await, (2, 3));
+}
+
+#[tokio::test]
 async fn a_cycle_with_a_failed_send_writes_everything_before_it_ends() {
     let f = fixture(
         Some((2, SendError::Transient("connection lost".into()))),
@@ -917,7 +956,8 @@ async fn shutdown_during_a_cycle_lets_it_finish_and_releases_the_lease() {
     // until aborted, and the lease would never be released). Which of the
     // two sees the shutdown first varies (`join!` rotates): try a few times.
     for _ in 0..10 {
-        let f = fixture(None, true, (5, Duration::from_secs(900)));
+        // A batch of five: the cycle writes them while it claims again.
+        let f = batched(None, true, (5, Duration::from_secs(900)), 5);
         append(&f, "x", 0..5).await;
         f.faults.hold.store(true, Ordering::SeqCst);
         let Ok(drainer) = Arc::try_unwrap(f.drainer) else {
