@@ -302,12 +302,16 @@ async fn put(f: &Fixture, binding: &str, envelope: Envelope) {
     f.outbox.append(P, message).await.expect("append");
 }
 
-async fn cycle(f: &Fixture) -> usize {
+/// One cycle under version 1 and the write of what it left (see
+/// [`Drainer::cycle_and_flush`]).
+async fn try_cycle(f: &Fixture) -> StoreResult<Report> {
     f.drainer
         .cycle_and_flush(1, &CancellationToken::new())
         .await
-        .expect("cycle")
-        .claimed
+}
+
+async fn cycle(f: &Fixture) -> usize {
+    try_cycle(f).await.expect("cycle").claimed
 }
 
 #[tokio::test]
@@ -734,10 +738,7 @@ async fn a_failed_completion_is_written_again_by_the_next_cycle_and_counted_once
     let f = fixture(None, true, (5, Duration::from_secs(900)));
     append(&f, "x", 0..5).await;
     f.faults.fail_completes.store(1, Ordering::SeqCst);
-    let first = f
-        .drainer
-        .cycle_and_flush(1, &CancellationToken::new())
-        .await;
+    let first = try_cycle(&f).await;
     assert!(first.is_err(), "{first:?}");
     assert_eq!(f.drainer.bindings["x"].metrics.counts().sent, 0);
     // Still claimed (not stale for 300 s): the next cycle writes the outcome
@@ -760,12 +761,7 @@ async fn a_completion_whose_answer_was_lost_is_counted_when_written_again() {
     let f = fixture(None, true, (5, Duration::from_secs(900)));
     append(&f, "x", 0..5).await;
     f.faults.lose_answers.store(1, Ordering::SeqCst);
-    assert!(
-        f.drainer
-            .cycle_and_flush(1, &CancellationToken::new())
-            .await
-            .is_err()
-    );
+    assert!(try_cycle(&f).await.is_err());
     assert_eq!(f.outbox.stats(P).await.expect("stats").total.depth, 0);
     assert_eq!(f.drainer.bindings["x"].metrics.counts().sent, 0);
     assert_eq!(cycle(&f).await, 0);
@@ -785,24 +781,11 @@ async fn records_counted_after_a_lost_answer_are_not_counted_again_with_the_rele
     );
     append(&f, "x", 0..5).await;
     f.faults.lose_answers.store(1, Ordering::SeqCst);
-    assert!(
-        f.drainer
-            .cycle_and_flush(1, &CancellationToken::new())
-            .await
-            .is_err()
-    );
+    assert!(try_cycle(&f).await.is_err());
     f.faults.fail_releases.store(1, Ordering::SeqCst);
-    assert!(
-        f.drainer
-            .cycle_and_flush(1, &CancellationToken::new())
-            .await
-            .is_err()
-    );
+    assert!(try_cycle(&f).await.is_err());
     assert_eq!(f.drainer.bindings["x"].metrics.counts().sent, 2);
-    let _ = f
-        .drainer
-        .cycle_and_flush(1, &CancellationToken::new())
-        .await;
+    let _ = try_cycle(&f).await;
     let counts = f.drainer.bindings["x"].metrics.counts();
     assert_eq!(counts.sent, 2, "{counts:?}");
     assert_eq!(f.outbox.dump(P).expect("dump").len(), 3);
@@ -817,12 +800,7 @@ async fn a_dead_letter_whose_completion_failed_is_counted_once() {
     );
     append(&f, "x", 0..1).await;
     f.faults.fail_completes.store(1, Ordering::SeqCst);
-    assert!(
-        f.drainer
-            .cycle_and_flush(1, &CancellationToken::new())
-            .await
-            .is_err()
-    );
+    assert!(try_cycle(&f).await.is_err());
     // The DLQ entry is written, but not counted until the record is completed.
     assert_eq!(f.drainer.bindings["x"].metrics.counts().dead_lettered, 0);
     cycle(&f).await;
