@@ -205,6 +205,11 @@ impl Mosquitto {
         self.port
     }
 
+    /// The broker's process id while it runs (`None` between a stop and a restart).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(ChildProcess::pid)
+    }
+
     /// `127.0.0.1:PORT`.
     pub fn addr(&self) -> SocketAddr {
         loopback(self.port)

@@ -8,6 +8,12 @@
 //! three deliveries. Warm-up, start-up and shutdown are outside the window; the agent's periodic
 //! work during the window (statistics, lease renewals) is inside it. The kernel counts in clock
 //! ticks of 10 ms, so a window of a few seconds is exact to about 1 %.
+//!
+//! **Brokers A and B** are read over the same window in every run, the bridge's too, so a run
+//! reports the CPU its whole path spent per message (A + B, plus the agent for Ferry). On a
+//! machine whose cores the path keeps busy that sum, not the agent's share alone, bounds the
+//! throughput: `direct_hold` adds a process and a TCP hop to what the bridge does inside
+//! broker A (`docs/benchmarks.md`, session 42).
 
 use std::time::Duration;
 
@@ -52,6 +58,20 @@ impl CpuWindow {
     /// Microseconds of CPU (user + system) per message.
     pub fn micros_per_message(&self) -> Option<f64> {
         (self.messages > 0).then(|| self.used.total().as_secs_f64() * 1e6 / self.messages as f64)
+    }
+}
+
+/// Brokers A (source) and B (destination) over a run's measured window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BrokersCpu {
+    pub source: CpuWindow,
+    pub destination: CpuWindow,
+}
+
+impl BrokersCpu {
+    /// Microseconds of CPU per message of A and B together.
+    pub fn micros_per_message(&self) -> Option<f64> {
+        Some(self.source.micros_per_message()? + self.destination.micros_per_message()?)
     }
 }
 
@@ -107,6 +127,27 @@ mod tests {
             ..window
         };
         assert_eq!(empty.micros_per_message(), None);
+    }
+
+    #[test]
+    fn the_brokers_add_up_and_need_both_windows() {
+        let window = |millis, messages| CpuWindow {
+            used: CpuTime {
+                user: Duration::from_millis(millis),
+                system: Duration::ZERO,
+            },
+            messages,
+        };
+        let brokers = BrokersCpu {
+            source: window(300, 20_000),
+            destination: window(280, 20_000),
+        };
+        assert_eq!(brokers.micros_per_message(), Some(29.0));
+        let unmeasured = BrokersCpu {
+            destination: window(280, 0),
+            ..brokers
+        };
+        assert_eq!(unmeasured.micros_per_message(), None);
     }
 
     #[test]

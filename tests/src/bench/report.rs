@@ -10,6 +10,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use super::cpu::CpuWindow;
 use super::ferry::{FerryRoute, Store};
 use super::publisher::Pace;
 use super::scenario::{Contender, RunResult};
@@ -124,6 +125,31 @@ pub fn runs_table(runs: &[RunResult]) -> String {
                 cpu.used.user.as_secs_f64(),
                 cpu.used.system.as_secs_f64(),
                 cpu.messages,
+            );
+        }
+        if let Some(brokers) = run.brokers_cpu {
+            let us = |w: CpuWindow| {
+                w.micros_per_message()
+                    .map_or("-".to_owned(), |us| format!("{us:.1}"))
+            };
+            // The whole path: the brokers, and the agent where one runs (not under Callgrind,
+            // which slows it fifty times).
+            let path = match (run.spec.contender, run.cpu) {
+                (Contender::Bridge { .. }, _) => brokers.micros_per_message(),
+                (Contender::Ferry(_), Some(agent)) => brokers
+                    .micros_per_message()
+                    .zip(agent.micros_per_message())
+                    .map(|(b, a)| b + a),
+                (Contender::Ferry(_), None) => None,
+            };
+            let _ = writeln!(
+                out,
+                "{:<34} {:>6} brokers CPU A {} + B {} µs/msg; whole path {} µs/msg",
+                run.spec.label(),
+                run.spec.pace_label(),
+                us(brokers.source),
+                us(brokers.destination),
+                path.map_or("-".to_owned(), |us| format!("{us:.1}")),
             );
         }
         if let Some(ir) = run.instructions {
