@@ -868,9 +868,14 @@ mod tests {
 
     /// A sending session's client and event loop, for a broker on `port`.
     fn session(port: u16) -> (Client, EventLoop) {
+        session_with(port, None)
+    }
+
+    /// A session's client and event loop, receiving with `receiver`.
+    fn session_with(port: u16, receiver: Option<&MqttReceiverSettings>) -> (Client, EventLoop) {
         let settings = MqttSessionSettings::new("t", format!("tcp://127.0.0.1:{port}"), "client-t");
         let endpoint = settings.validate().expect("valid settings");
-        create(&settings, &endpoint, None).expect("created")
+        create(&settings, &endpoint, receiver).expect("created")
     }
 
     /// The events of one event loop against a fake broker sending `writes`,
@@ -959,14 +964,20 @@ mod tests {
         }
     }
 
-    /// A sending session on `port` that has written `n` QoS 1 publishes.
-    async fn sent(port: u16, n: usize) -> EventLoop {
-        let (client, mut eventloop) = session(port);
+    /// A sending session on `port` that has written `n` publishes of `qos`.
+    async fn sent(port: u16, n: usize, qos: Qos) -> EventLoop {
+        publish_all(session(port), n, qos).await
+    }
+
+    /// `session` once connected and once it has written `n` publishes of
+    /// `qos`.
+    async fn publish_all(session: (Client, EventLoop), n: usize, qos: Qos) -> EventLoop {
+        let (client, mut eventloop) = session;
         let connected = tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await;
         assert!(matches!(connected, Ok(Ok(Event::Connected { .. }))));
         let envelope = crate::stores::conformance::envelope("a");
         for _ in 0..n {
-            let publish = Publish::v5("t", Qos::AtLeastOnce, false, &envelope, SystemTime::now());
+            let publish = Publish::v5("t", qos, false, &envelope, SystemTime::now());
             assert!(client.try_publish(publish.expect("valid")).is_ok());
         }
         for pkid in 1..=n {
@@ -1000,7 +1011,7 @@ mod tests {
             _ => Vec::new(),
         })
         .await;
-        let mut eventloop = sent(port, 18).await;
+        let mut eventloop = sent(port, 18, Qos::AtLeastOnce).await;
         let mut acked = Vec::new();
         while acked.len() < 18 {
             match tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await {
@@ -1019,6 +1030,86 @@ mod tests {
         broker.abort();
     }
 
+    /// A receiving session reads as packets come (`low_water` invariant 2):
+    /// with eighteen publishes of its own owed a PUBACK, a sending session
+    /// would wait for 16 bytes, but the broker's one publish (11) is read
+    /// at once.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_receiving_session_reads_a_publish_while_answers_are_owed() {
+        let mut publishes = 0;
+        let (port, _, broker) = broker(move |packet| match packet {
+            Packet::Connect(..) => vec![vec![test_connack(None, None)]],
+            Packet::Publish(_) => {
+                publishes += 1;
+                if publishes < 18 {
+                    Vec::new()
+                } else {
+                    vec![vec![publish_9()]]
+                }
+            }
+            _ => Vec::new(),
+        })
+        .await;
+        let receiver = MqttReceiverSettings::new(vec![("a/#".into(), Qos::AtLeastOnce)]);
+        let session = session_with(port, Some(&receiver));
+        let mut eventloop = publish_all(session, 18, Qos::AtLeastOnce).await;
+        let read = tokio::time::timeout(Duration::from_secs(1), eventloop.poll()).await;
+        assert!(
+            matches!(read, Ok(Ok(Event::Publish(ref p))) if p.pkid == 9),
+            "{read:?}"
+        );
+        broker.abort();
+    }
+
+    /// QoS 2 under the mark: with ten publishes owed their PUBRECs and then
+    /// their PUBCOMPs (4 bytes each), each in a write of its own, the loop
+    /// waits for two at a time, and reads the last ones too, so every
+    /// publish completes, in order.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn qos_2_exchanges_complete_under_the_mark() {
+        use rumqttc::v5::mqttbytes::v5::{PubComp, PubRec};
+        const N: u16 = 10;
+        let (mut publishes, mut pubrels) = (0, 0);
+        let (port, _, broker) = broker(move |packet| match packet {
+            Packet::Connect(..) => vec![vec![test_connack(None, None)]],
+            Packet::Publish(_) => {
+                publishes += 1;
+                let pubrecs = (1..=N).map(|pkid| vec![Packet::PubRec(PubRec::new(pkid, None))]);
+                if publishes < N {
+                    Vec::new()
+                } else {
+                    pubrecs.collect()
+                }
+            }
+            Packet::PubRel(_) => {
+                pubrels += 1;
+                let pubcomps = (1..=N).map(|pkid| vec![Packet::PubComp(PubComp::new(pkid, None))]);
+                if pubrels < N {
+                    Vec::new()
+                } else {
+                    pubcomps.collect()
+                }
+            }
+            _ => Vec::new(),
+        })
+        .await;
+        let mut eventloop = sent(port, usize::from(N), Qos::ExactlyOnce).await;
+        let mut completed = Vec::new();
+        while completed.len() < usize::from(N) {
+            match tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await {
+                Ok(Ok(Event::Acked {
+                    pkid,
+                    refused: None,
+                })) => completed.push(pkid),
+                other => panic!("{other:?} after {} PUBCOMPs", completed.len()),
+            }
+        }
+        assert_eq!(completed, (1..=N).collect::<Vec<u16>>());
+        broker.abort();
+    }
+
     /// A PINGREQ's 2-byte PINGRESP is read while many PUBACKs are owed: the
     /// mark goes back to 1 while it is awaited, so the keep-alive (1 s, the
     /// broker's) does not end the connection (it would at about 2 s).
@@ -1031,7 +1122,7 @@ mod tests {
             _ => Vec::new(),
         })
         .await;
-        let mut eventloop = sent(port, 18).await;
+        let mut eventloop = sent(port, 18, Qos::AtLeastOnce).await;
         let alive = tokio::time::timeout(Duration::from_millis(2_500), eventloop.poll()).await;
         assert!(alive.is_err(), "within 2.5 s: {alive:?}");
         broker.abort();

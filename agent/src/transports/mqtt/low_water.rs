@@ -154,6 +154,31 @@ mod tests {
         }
     }
 
+    /// Invariant 4, on a descriptor that takes no socket option (a pipe's):
+    /// a mark that cannot be raised leaves the connection reading at 1 for
+    /// good, and one that cannot be lowered is an error.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_mark_that_cannot_be_raised_stays_at_1_and_one_that_cannot_be_lowered_is_an_error() {
+        let (pipe, _writer) = std::io::pipe().expect("a pipe");
+        let not_a_socket = || Some(OwnedFd::from(pipe.try_clone().expect("a descriptor")));
+        let mut raised = LowWater {
+            socket: not_a_socket(),
+            client_id: "c".into(),
+            set: 1,
+        };
+        assert!(raised.follow(64).is_ok(), "reads one by one instead");
+        assert!(raised.socket.is_none() && raised.set == 1);
+        assert!(raised.follow(64).is_ok(), "and tries no more");
+
+        let mut lowered = LowWater {
+            socket: not_a_socket(),
+            client_id: "c".into(),
+            set: 64,
+        };
+        assert!(lowered.follow(0).is_err(), "the caller ends the connection");
+    }
+
     #[test]
     fn the_mark_is_a_quarter_of_the_owed_answers_in_powers_of_two() {
         let marks: Vec<u32> = [0, 1, 3, 4, 7, 8, 15, 16, 63, 64, 100]
