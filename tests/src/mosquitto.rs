@@ -205,7 +205,8 @@ impl Mosquitto {
         self.port
     }
 
-    /// The broker's process id while it runs (`None` between a stop and a restart).
+    /// The process id of the broker last started (`None` after [`Self::stop`] or
+    /// [`Self::kill`], until a restart).
     pub fn pid(&self) -> Option<u32> {
         self.process.as_ref().map(ChildProcess::pid)
     }

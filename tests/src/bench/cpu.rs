@@ -1,4 +1,4 @@
-//! The agent's CPU time per message, from `/proc/PID/stat`.
+//! CPU time per message of the agent and of the processes beside it, from `/proc/PID/stat`.
 //!
 //! **Definition.** The agent's user + system CPU time (`utime` + `stime` of `/proc/PID/stat`,
 //! which sum every thread of the process) read just before the first measured publish and again
@@ -9,11 +9,12 @@
 //! work during the window (statistics, lease renewals) is inside it. The kernel counts in clock
 //! ticks of 10 ms, so a window of a few seconds is exact to about 1 %.
 //!
-//! **Brokers A and B** are read over the same window in every run, the bridge's too, so a run
-//! reports the CPU its whole path spent per message (A + B, plus the agent for Ferry). On a
-//! machine whose cores the path keeps busy that sum, not the agent's share alone, bounds the
-//! throughput: `direct_hold` adds a process and a TCP hop to what the bridge does inside
-//! broker A (`docs/benchmarks.md`, session 42).
+//! **Brokers A and B, and `ferry-bench` itself** (its publisher and collectors), are read over
+//! the same window in every run not under Callgrind, the bridge's too: a run reports the CPU
+//! its whole path spent per message (A + B, plus the agent for Ferry) and the load
+//! generator's beside it. When they keep every core busy, the path plus the load generator,
+//! not the agent's share alone, bounds the throughput: `direct_hold` adds a process and a TCP
+//! hop to what the bridge does inside broker A (`docs/benchmarks.md`, session 42).
 
 use std::time::Duration;
 
@@ -45,7 +46,7 @@ impl CpuTime {
     }
 }
 
-/// The agent's CPU time over the measured window of a run.
+/// A process's CPU time over the measured window of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuWindow {
     /// CPU used between the first publish and the last delivery.
@@ -55,24 +56,65 @@ pub struct CpuWindow {
 }
 
 impl CpuWindow {
+    /// The window from `before` to `after`, over `messages`.
+    pub fn between(before: CpuTime, after: CpuTime, messages: u64) -> Self {
+        CpuWindow {
+            used: after.since(before),
+            messages,
+        }
+    }
+
     /// Microseconds of CPU (user + system) per message.
     pub fn micros_per_message(&self) -> Option<f64> {
         (self.messages > 0).then(|| self.used.total().as_secs_f64() * 1e6 / self.messages as f64)
     }
 }
 
-/// Brokers A (source) and B (destination) over a run's measured window.
+/// The other processes on the machine over a run's measured window: brokers A (source) and B
+/// (destination), and `ferry-bench` itself (its publisher and collectors).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BrokersCpu {
+pub struct MachineCpu {
     pub source: CpuWindow,
     pub destination: CpuWindow,
+    pub bench: CpuWindow,
 }
 
-impl BrokersCpu {
-    /// Microseconds of CPU per message of A and B together.
-    pub fn micros_per_message(&self) -> Option<f64> {
+impl MachineCpu {
+    /// Microseconds of CPU per message of A and B together: the path without the agent.
+    pub fn brokers_micros_per_message(&self) -> Option<f64> {
         Some(self.source.micros_per_message()? + self.destination.micros_per_message()?)
     }
+}
+
+/// [`MachineCpu`] being measured: the processes' times at the window's start.
+pub struct MachineReading {
+    pids: [u32; 3],
+    before: [CpuTime; 3],
+}
+
+impl MachineReading {
+    /// Reads brokers `source` and `destination` and this process now; `None` if one is gone.
+    pub fn start(source: u32, destination: u32) -> Option<Self> {
+        let pids = [source, destination, std::process::id()];
+        let before = read_all(pids)?;
+        Some(MachineReading { pids, before })
+    }
+
+    /// The window from [`Self::start`] to now, over `messages`.
+    pub fn finish(self, messages: u64) -> Option<MachineCpu> {
+        let [a, b, bench] = read_all(self.pids)?;
+        let [a0, b0, bench0] = self.before;
+        Some(MachineCpu {
+            source: CpuWindow::between(a0, a, messages),
+            destination: CpuWindow::between(b0, b, messages),
+            bench: CpuWindow::between(bench0, bench, messages),
+        })
+    }
+}
+
+fn read_all(pids: [u32; 3]) -> Option<[CpuTime; 3]> {
+    let [a, b, c] = pids.map(cpu_time);
+    Some([a?, b?, c?])
 }
 
 /// The CPU time `pid` has used so far.
@@ -116,10 +158,7 @@ mod tests {
             user: Duration::from_millis(1500),
             system: Duration::from_millis(1100),
         };
-        let window = CpuWindow {
-            used: after.since(before),
-            messages: 20_000,
-        };
+        let window = CpuWindow::between(before, after, 20_000);
         assert_eq!(window.used.total(), Duration::from_secs(2));
         assert_eq!(window.micros_per_message(), Some(100.0));
         let empty = CpuWindow {
@@ -138,20 +177,24 @@ mod tests {
             },
             messages,
         };
-        let brokers = BrokersCpu {
+        let machine = MachineCpu {
             source: window(300, 20_000),
             destination: window(280, 20_000),
+            bench: window(240, 20_000),
         };
-        assert_eq!(brokers.micros_per_message(), Some(29.0));
-        let unmeasured = BrokersCpu {
+        assert_eq!(machine.brokers_micros_per_message(), Some(29.0));
+        let unmeasured = MachineCpu {
             destination: window(280, 0),
-            ..brokers
+            ..machine
         };
-        assert_eq!(unmeasured.micros_per_message(), None);
+        assert_eq!(unmeasured.brokers_micros_per_message(), None);
     }
 
     #[test]
     fn this_process_has_used_cpu() {
-        assert!(cpu_time(std::process::id()).is_some());
+        let me = std::process::id();
+        assert!(cpu_time(me).is_some());
+        let reading = MachineReading::start(me, me).expect("this process");
+        assert_eq!(reading.finish(10).map(|m| m.bench.messages), Some(10));
     }
 }

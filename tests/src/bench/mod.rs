@@ -12,7 +12,7 @@
 //! - [`collector`]: a subscriber per destination, counting and timing arrivals.
 //! - [`latency`]: percentiles of the latency samples.
 //! - [`rss`]: the agent's resident memory from `/proc`.
-//! - [`cpu`]: the agent's CPU time per message from `/proc`.
+//! - [`cpu`]: CPU time per message of the agent, the brokers and `ferry-bench` from `/proc`.
 //! - [`callgrind`]: the agent's instructions per message under Callgrind (`--callgrind`).
 //! - [`scenario`]: one run from start to stop, with deadlines.
 //! - [`report`]: the table and the floors.

@@ -10,7 +10,6 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::cpu::CpuWindow;
 use super::ferry::{FerryRoute, Store};
 use super::publisher::Pace;
 use super::scenario::{Contender, RunResult};
@@ -120,36 +119,32 @@ pub fn runs_table(runs: &[RunResult]) -> String {
                 "{:<34} {:>6} agent CPU {} µs/msg ({:.2} s user + {:.2} s sys for {} messages)",
                 run.spec.label(),
                 run.spec.pace_label(),
-                cpu.micros_per_message()
-                    .map_or("-".to_owned(), |us| format!("{us:.1}")),
+                micros(cpu.micros_per_message()),
                 cpu.used.user.as_secs_f64(),
                 cpu.used.system.as_secs_f64(),
                 cpu.messages,
             );
         }
-        if let Some(brokers) = run.brokers_cpu {
-            let us = |w: CpuWindow| {
-                w.micros_per_message()
-                    .map_or("-".to_owned(), |us| format!("{us:.1}"))
-            };
-            // The whole path: the brokers, and the agent where one runs (not under Callgrind,
-            // which slows it fifty times).
+        if let Some(machine) = run.machine_cpu {
+            // The whole path: the brokers, and the agent where one runs.
             let path = match (run.spec.contender, run.cpu) {
-                (Contender::Bridge { .. }, _) => brokers.micros_per_message(),
-                (Contender::Ferry(_), Some(agent)) => brokers
-                    .micros_per_message()
+                (Contender::Bridge { .. }, _) => machine.brokers_micros_per_message(),
+                (Contender::Ferry(_), Some(agent)) => machine
+                    .brokers_micros_per_message()
                     .zip(agent.micros_per_message())
                     .map(|(b, a)| b + a),
                 (Contender::Ferry(_), None) => None,
             };
             let _ = writeln!(
                 out,
-                "{:<34} {:>6} brokers CPU A {} + B {} µs/msg; whole path {} µs/msg",
+                "{:<34} {:>6} brokers CPU A {} + B {} µs/msg; whole path {} µs/msg; \
+                 ferry-bench {} µs/msg",
                 run.spec.label(),
                 run.spec.pace_label(),
-                us(brokers.source),
-                us(brokers.destination),
-                path.map_or("-".to_owned(), |us| format!("{us:.1}")),
+                micros(machine.source.micros_per_message()),
+                micros(machine.destination.micros_per_message()),
+                micros(path),
+                micros(machine.bench.micros_per_message()),
             );
         }
         if let Some(ir) = run.instructions {
@@ -246,9 +241,7 @@ pub fn stores_table(runs: &[RunResult]) -> String {
             throughput
                 .zip(sqlite)
                 .map_or("-".to_owned(), |(t, base)| format!("{:.2}x", t / base)),
-            flat_out
-                .and_then(|r| r.cpu?.micros_per_message())
-                .map_or("-".to_owned(), |us| format!("{us:.1}")),
+            micros(flat_out.and_then(|r| r.cpu?.micros_per_message())),
             latency(|l| l.p50),
             latency(|l| l.p99),
         );
@@ -415,6 +408,11 @@ fn ratio_floor(name: &'static str, ratio: Option<(f64, &'static str)>, floor: f6
         },
         binding: true,
     }
+}
+
+/// µs per message to one decimal, `-` when unknown.
+fn micros(per_message: Option<f64>) -> String {
+    per_message.map_or("-".to_owned(), |us| format!("{us:.1}"))
 }
 
 fn ms(duration: Duration) -> f64 {

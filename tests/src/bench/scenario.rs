@@ -5,10 +5,11 @@
 //! warm-up probes until every destination has received one — so every connection and
 //! subscription on the path is up — then arms the collectors and publishes the measured
 //! messages. It waits until every destination holds every number, with a deadline and a stall
-//! limit, samples the agent's memory meanwhile, reads its CPU time and the brokers' at both
-//! ends of that window (see [`cpu`](super::cpu)), and stops everything (also on error: every process is owned by a
-//! value whose `Drop` kills it). Under Callgrind the agent's instructions are counted instead
-//! (see [`callgrind`](super::callgrind)).
+//! limit, samples the agent's memory meanwhile, reads the CPU time of the agent, of the
+//! brokers and of `ferry-bench` itself at both ends of that window (see [`cpu`](super::cpu)),
+//! and stops everything (also on error: every process is owned by a value whose `Drop` kills
+//! it). Under Callgrind the agent's instructions are counted instead (see
+//! [`callgrind`](super::callgrind)).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,7 +19,7 @@ use tokio::time::{Instant, sleep};
 
 use super::callgrind::{Counter, IDLE_BASELINE, Instructions};
 use super::collector::{Collector, Tally};
-use super::cpu::{self, BrokersCpu, CpuWindow};
+use super::cpu::{self, CpuWindow, MachineCpu, MachineReading};
 use super::ferry::{self, Agent, FerryRoute, FerryTuning, Store, StoreSite};
 use super::latency::LatencySummary;
 use super::payload::{Clock, PROBE};
@@ -163,8 +164,9 @@ pub struct RunResult {
     pub rss: Option<Rss>,
     /// The agent's CPU time over the measured window (Ferry runs, not under Callgrind).
     pub cpu: Option<CpuWindow>,
-    /// Brokers A and B's CPU time over the same window (every run).
-    pub brokers_cpu: Option<BrokersCpu>,
+    /// Brokers A and B's and `ferry-bench`'s CPU time over the same window (every run not
+    /// under Callgrind).
+    pub machine_cpu: Option<MachineCpu>,
     /// The agent's instructions (Ferry runs under Callgrind).
     pub instructions: Option<Instructions>,
     /// Why the run is incomplete, if it is.
@@ -202,7 +204,7 @@ pub async fn run(spec: RunSpec, settings: &Settings, clock: Clock) -> RunResult 
         destinations: Vec::new(),
         rss: None,
         cpu: None,
-        brokers_cpu: None,
+        machine_cpu: None,
         instructions: None,
         error: None,
     };
@@ -327,8 +329,11 @@ async fn measure(
         counter.zero().await?;
     }
     let cpu_before = sampled.as_ref().and_then(|(pid, _)| cpu::cpu_time(*pid));
-    let broker_pids = source.pid().zip(destination.pid());
-    let brokers_before = broker_pids.and_then(|(a, b)| cpu::cpu_time(a).zip(cpu::cpu_time(b)));
+    // Not under Callgrind: the agent, fifty times slower, would change what the others do.
+    let machine = match (source.pid(), destination.pid()) {
+        (Some(a), Some(b)) if !settings.callgrind => MachineReading::start(a, b),
+        _ => None,
+    };
     let ack_timeout = settings.deliver_timeout + publish_duration(spec);
     let published = publisher
         .run(MEASURED_TOPIC, spec.messages, spec.pace, ack_timeout)
@@ -342,25 +347,12 @@ async fn measure(
         agent.as_mut(),
     )
     .await;
-    let brokers_after = broker_pids.and_then(|(a, b)| cpu::cpu_time(a).zip(cpu::cpu_time(b)));
-    result.brokers_cpu = brokers_before
-        .zip(brokers_after)
-        .map(|((a0, b0), (a1, b1))| BrokersCpu {
-            source: CpuWindow {
-                used: a1.since(a0),
-                messages: spec.messages,
-            },
-            destination: CpuWindow {
-                used: b1.since(b0),
-                messages: spec.messages,
-            },
-        });
+    result.machine_cpu = machine.and_then(|m| m.finish(spec.messages));
     if let Some((pid, sampler)) = sampled {
         let cpu_after = cpu::cpu_time(pid);
-        result.cpu = cpu_before.zip(cpu_after).map(|(before, after)| CpuWindow {
-            used: after.since(before),
-            messages: spec.messages,
-        });
+        result.cpu = cpu_before
+            .zip(cpu_after)
+            .map(|(before, after)| CpuWindow::between(before, after, spec.messages));
         result.rss = Some(sampler.finish());
     }
     delivered?;
