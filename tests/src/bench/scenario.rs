@@ -347,9 +347,13 @@ async fn measure(
         agent.as_mut(),
     )
     .await;
-    result.machine_cpu = machine.and_then(|m| m.finish(spec.messages));
+    // CPU per message only for a complete run: an incomplete one's window ends at a stall or
+    // the deadline, and dividing its idle seconds by the messages would mean nothing.
+    if delivered.is_ok() {
+        result.machine_cpu = machine.and_then(|m| m.finish(spec.messages));
+    }
     if let Some((pid, sampler)) = sampled {
-        let cpu_after = cpu::cpu_time(pid);
+        let cpu_after = cpu::cpu_time(pid).filter(|_| delivered.is_ok());
         result.cpu = cpu_before
             .zip(cpu_after)
             .map(|(before, after)| CpuWindow::between(before, after, spec.messages));

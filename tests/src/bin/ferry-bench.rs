@@ -8,11 +8,11 @@
 //! Runs, in order (each with fresh brokers): `fan-out` — bridge x3 and Ferry `shared_outbox` x3,
 //! N messages flat out; `direct` — bridge x1 and Ferry `direct_hold`, flat out; `latency` —
 //! bridge x3 and `shared_outbox` x3 at R messages per second. Prints a table of the runs (with
-//! the agent's CPU µs per message, the brokers' and its own) and the floors of issue 3. `--callgrind` instead runs only
-//! the agent, under Callgrind, and prints its instructions per message. `--store` chooses the
-//! shared_outbox runs' stores (several: side by side, issue 19). `ferry-bench relay` instead
-//! relays a PostgreSQL outbox table to JetStream and RabbitMQ, Ferry beside a minimal relay
-//! (issue 20). See `docs/benchmarks.md`.
+//! the agent's CPU µs per message, the brokers' and its own) and the floors of issue 3.
+//! `--callgrind` instead runs only the agent, under Callgrind, and prints its instructions per
+//! message. `--store` chooses the shared_outbox runs' stores (several: side by side, issue 19).
+//! `ferry-bench relay` instead relays a PostgreSQL outbox table to JetStream and RabbitMQ,
+//! Ferry beside a minimal relay (issue 20). See `docs/benchmarks.md`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
