@@ -1067,8 +1067,8 @@ mod tests {
     /// QoS 2 under the mark: with nine publishes owed (mark 8 bytes) their
     /// PUBRECs come one by one, 4 bytes each, and are read two at a time;
     /// the ninth waits under the mark until the PUBCOMPs of the first eight
-    /// (the broker answers each PUBREL at once, as a broker does) bring it
-    /// in or lower the mark, so every publish completes, in order.
+    /// bring it in (the broker answers each PUBREL on its own, once it has
+    /// written its PUBRECs), so every publish completes, in order.
     #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn qos_2_exchanges_complete_under_the_mark() {

@@ -158,8 +158,9 @@ mod tests {
     }
 
     /// Invariant 4, on a descriptor that takes no socket option (a pipe's):
-    /// a mark that cannot be raised leaves the connection reading at 1 for
-    /// good, and one that cannot be lowered is an error.
+    /// a mark that cannot be raised from 1 leaves the connection reading at
+    /// 1 for good; one that cannot be lowered, or raised from above 1 and
+    /// then not brought back to 1, is an error.
     #[cfg(target_os = "linux")]
     #[test]
     fn a_mark_that_cannot_be_raised_stays_at_1_and_one_that_cannot_be_lowered_is_an_error() {
