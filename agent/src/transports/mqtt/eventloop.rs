@@ -648,14 +648,14 @@ fn on_incoming(
         Incoming::PubComp { pkid } => {
             if pending.get(&pkid) == Some(&Pending::Complete) {
                 pending.remove(&pkid);
-                let ours = pubrel_owed.remove(&pkid);
-                // A PUBREL resent on a resumed session has no sender any more.
-                if ours {
-                    events.push_back(Event::Acked {
-                        pkid,
-                        refused: None,
-                    });
-                }
+                pubrel_owed.remove(&pkid);
+                // Reported also for a PUBREL resent on a resumed session: its
+                // sender was failed with the connection that PUBREC'd it, so
+                // the session finds no one waiting on the id and ignores it.
+                events.push_back(Event::Acked {
+                    pkid,
+                    refused: None,
+                });
             } else {
                 tracing::warn!(pkid, "a PUBCOMP for no publish in flight; ignored");
             }
@@ -1102,6 +1102,115 @@ mod tests {
             }
         }
         assert_eq!(completed, (1..=N).collect::<Vec<u16>>());
+        broker.abort();
+    }
+
+    /// A resumed session releases what it owes under the mark: nine QoS 2
+    /// publishes are PUBREC'd and the connection ends before any PUBCOMP;
+    /// the broker resumes the session, the loop sends the nine PUBRELs
+    /// again (their ids stay taken), and the PUBCOMPs, one by one, are
+    /// read two at a time and the last ones too, each id then free.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_resumed_session_completes_its_pubrels_under_the_mark() {
+        use rumqttc::v5::mqttbytes::v5::{PubComp, PubRec};
+        const N: u16 = 9;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let port = listener.local_addr().expect("bound").port();
+        // Reads packets until `n` satisfy `wanted`, answering nothing.
+        async fn read_until(
+            socket: &mut tokio::net::TcpStream,
+            read: &mut BytesMut,
+            mut n: usize,
+            wanted: impl Fn(&Packet) -> bool,
+        ) {
+            while n > 0 {
+                match Packet::read(read, None) {
+                    Ok(packet) => n -= usize::from(wanted(&packet)),
+                    Err(_) => assert!(socket.read_buf(read).await.is_ok_and(|r| r > 0)),
+                }
+            }
+        }
+        async fn write(socket: &mut tokio::net::TcpStream, packets: &[Packet]) {
+            let mut out = BytesMut::new();
+            for packet in packets {
+                packet.write(&mut out, None).expect("encodable");
+            }
+            socket.write_all(&out).await.expect("written");
+        }
+        let broker = tokio::spawn(async move {
+            let (mut first, _) = listener.accept().await.expect("a client");
+            let mut read = BytesMut::new();
+            read_until(&mut first, &mut read, 1, |p| {
+                matches!(p, Packet::Connect(..))
+            })
+            .await;
+            write(&mut first, &[test_connack(None, None)]).await;
+            read_until(&mut first, &mut read, N.into(), |p| {
+                matches!(p, Packet::Publish(_))
+            })
+            .await;
+            let pubrecs: Vec<Packet> = (1..=N)
+                .map(|id| Packet::PubRec(PubRec::new(id, None)))
+                .collect();
+            write(&mut first, &pubrecs).await;
+            read_until(&mut first, &mut read, N.into(), |p| {
+                matches!(p, Packet::PubRel(_))
+            })
+            .await;
+            drop(first);
+
+            let (mut second, _) = listener.accept().await.expect("the client again");
+            let mut read = BytesMut::new();
+            read_until(&mut second, &mut read, 1, |p| {
+                matches!(p, Packet::Connect(..))
+            })
+            .await;
+            let Packet::ConnAck(mut resumed) = test_connack(None, None) else {
+                unreachable!("a CONNACK")
+            };
+            resumed.session_present = true;
+            write(&mut second, &[Packet::ConnAck(resumed)]).await;
+            read_until(&mut second, &mut read, N.into(), |p| {
+                matches!(p, Packet::PubRel(_))
+            })
+            .await;
+            for id in 1..=N {
+                write(&mut second, &[Packet::PubComp(PubComp::new(id, None))]).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            second
+        });
+        let mut eventloop = sent(port, usize::from(N), Qos::ExactlyOnce).await;
+        let ended = tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await;
+        assert!(
+            matches!(ended, Ok(Err(_))),
+            "the first connection ends: {ended:?}"
+        );
+        let resumed = tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await;
+        assert!(
+            matches!(
+                resumed,
+                Ok(Ok(Event::Connected {
+                    session_present: true,
+                    ..
+                }))
+            ),
+            "{resumed:?}"
+        );
+        let mut completed = Vec::new();
+        while completed.len() < usize::from(N) {
+            match tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await {
+                Ok(Ok(Event::Acked {
+                    pkid,
+                    refused: None,
+                })) => completed.push(pkid),
+                other => panic!("{other:?} after {} PUBCOMPs", completed.len()),
+            }
+        }
+        assert_eq!(completed, (1..=N).collect::<Vec<u16>>());
+        let connection = eventloop.connection.as_ref().expect("connected");
+        assert!(connection.inflight.pending.is_empty(), "every id released");
         broker.abort();
     }
 
