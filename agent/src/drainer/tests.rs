@@ -203,6 +203,10 @@ struct Fixture {
     _connected: watch::Sender<bool>,
 }
 
+/// The replay limits most tests use (`max_replay_attempts`, `replay_budget`):
+/// 5 attempts, a budget no test runs out of.
+const REPLAY: (u32, Duration) = (5, Duration::from_secs(900));
+
 fn fixture(
     fail_from: Option<(usize, SendError)>,
     connected: bool,
@@ -316,7 +320,7 @@ async fn cycle(f: &Fixture) -> usize {
 
 #[tokio::test]
 async fn bindings_keep_record_order_and_completed_records_are_gone() {
-    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    let f = fixture(None, true, REPLAY);
     append(&f, "x", 0..3).await;
     append(&f, "y", 0..2).await;
     append(&f, "x", 3..5).await;
@@ -338,7 +342,7 @@ async fn bindings_keep_record_order_and_completed_records_are_gone() {
 /// records back and sent them), and the records stay pending.
 #[tokio::test]
 async fn a_cycle_past_the_grant_expiry_claims_and_sends_nothing() {
-    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    let f = fixture(None, true, REPLAY);
     append(&f, "x", 0..3).await;
     f.drainer
         .set_held_until(Some(SystemTime::now() - Duration::from_secs(1)));
@@ -354,7 +358,7 @@ async fn a_failure_counts_the_tried_records_and_releases_the_rest_untried() {
     let f = fixture(
         Some((2, SendError::Transient("connection lost".into()))),
         true,
-        (5, Duration::from_secs(900)),
+        REPLAY,
     );
     append(&f, "x", 0..40).await;
     cycle(&f).await;
@@ -381,7 +385,7 @@ async fn a_permanent_error_dead_letters_the_record_under_its_id() {
     let f = fixture(
         Some((1, SendError::Permanent("too large".into()))),
         true,
-        (5, Duration::from_secs(900)),
+        REPLAY,
     );
     append(&f, "x", 0..1).await;
     let id = f.outbox.dump(P).expect("dump")[0].id.clone();
@@ -419,7 +423,7 @@ async fn replays_beyond_count_and_budget_are_dead_lettered_without_a_send() {
 
 #[tokio::test]
 async fn expiry_runs_while_disconnected_and_nothing_is_sent() {
-    let f = fixture(None, false, (5, Duration::from_secs(900)));
+    let f = fixture(None, false, REPLAY);
     let past = SystemTime::now() - Duration::from_secs(1);
     put(&f, "x", envelope("old", Some(past))).await;
     put(&f, "y", envelope("new", None)).await;
@@ -442,7 +446,7 @@ async fn expiry_runs_while_disconnected_and_nothing_is_sent() {
 
 #[tokio::test]
 async fn cycles_in_quick_succession_sweep_for_expired_records_once() {
-    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    let f = fixture(None, true, REPLAY);
     for i in 0..3 {
         append(&f, "x", i..i + 1).await;
         cycle(&f).await;
@@ -453,7 +457,7 @@ async fn cycles_in_quick_succession_sweep_for_expired_records_once() {
 
 #[tokio::test]
 async fn pipelined_batches_keep_order_and_complete_everything() {
-    let mut f = fixture(None, true, (5, Duration::from_secs(900)));
+    let mut f = fixture(None, true, REPLAY);
     Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 4;
     append(&f, "x", 0..5).await;
     append(&f, "y", 0..3).await;
@@ -478,7 +482,7 @@ async fn a_failure_releases_the_batch_claimed_ahead_untried() {
     let mut f = fixture(
         Some((2, SendError::Transient("connection lost".into()))),
         true,
-        (5, Duration::from_secs(900)),
+        REPLAY,
     );
     Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 4;
     append(&f, "x", 0..12).await;
@@ -498,7 +502,7 @@ async fn a_failure_releases_the_batch_claimed_ahead_untried() {
 /// A fixture with batches of 4 and, in order, the bindings' records: seqs
 /// 1..=12 for x, 13..=16 for `fourth` (the fourth batch), 17..=20 for x.
 async fn four_batches_and_one(fourth: &str) -> Fixture {
-    let mut f = fixture(None, true, (5, Duration::from_secs(900)));
+    let mut f = fixture(None, true, REPLAY);
     Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 4;
     append(&f, "x", 0..12).await;
     append(&f, fourth, 12..16).await;
@@ -646,7 +650,7 @@ async fn a_stop_while_a_batch_is_held_sends_none_of_it() {
 
 #[tokio::test]
 async fn a_claim_answered_after_the_cycle_stopped_sends_nothing() {
-    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    let f = fixture(None, true, REPLAY);
     append(&f, "x", 0..3).await;
     f.faults.hold_claim.store(1, Ordering::SeqCst);
     let stop = CancellationToken::new();
@@ -666,7 +670,7 @@ async fn a_claim_answered_after_the_cycle_stopped_sends_nothing() {
 
 #[tokio::test]
 async fn expired_records_past_the_sweep_are_disposed_of_not_claimed_forever() {
-    let mut f = fixture(None, true, (5, Duration::from_secs(900)));
+    let mut f = fixture(None, true, REPLAY);
     // The sweep takes one batch; the claims meet the other expired records.
     Arc::get_mut(&mut f.drainer).expect("not shared yet").batch = 2;
     let past = SystemTime::now() - Duration::from_secs(1);
@@ -685,7 +689,7 @@ async fn expired_records_past_the_sweep_are_disposed_of_not_claimed_forever() {
 
 #[tokio::test]
 async fn a_stopped_cycle_claims_nothing() {
-    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    let f = fixture(None, true, REPLAY);
     append(&f, "x", 0..3).await;
     let stop = CancellationToken::new();
     stop.cancel();
@@ -717,7 +721,7 @@ async fn a_completion_is_counted_even_when_its_cycle_is_dropped() {
     // yet answered: the records are gone from the outbox, so they must be
     // counted `sent` all the same (issue 12, 5a). A batch of five: the
     // cycle writes them while it claims again, not at its end.
-    let f = batched(None, true, (5, Duration::from_secs(900)), 5);
+    let f = batched(None, true, REPLAY, 5);
     append(&f, "x", 0..5).await;
     f.faults.hold.store(true, Ordering::SeqCst);
     let d = Arc::clone(&f.drainer);
@@ -735,7 +739,7 @@ async fn a_completion_is_counted_even_when_its_cycle_is_dropped() {
 
 #[tokio::test]
 async fn a_failed_completion_is_written_again_by_the_next_cycle_and_counted_once() {
-    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    let f = fixture(None, true, REPLAY);
     append(&f, "x", 0..5).await;
     f.faults.fail_completes.store(1, Ordering::SeqCst);
     let first = try_cycle(&f).await;
@@ -758,7 +762,7 @@ async fn a_completion_whose_answer_was_lost_is_counted_when_written_again() {
     // The store deleted the records but its answer was lost (a cut
     // connection after COMMIT): the retry under the same version deletes
     // nothing, and finds them gone because that first attempt deleted them.
-    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    let f = fixture(None, true, REPLAY);
     append(&f, "x", 0..5).await;
     f.faults.lose_answers.store(1, Ordering::SeqCst);
     assert!(try_cycle(&f).await.is_err());
@@ -777,7 +781,7 @@ async fn records_counted_after_a_lost_answer_are_not_counted_again_with_the_rele
     let f = fixture(
         Some((3, SendError::Transient("connection lost".into()))),
         true,
-        (5, Duration::from_secs(900)),
+        REPLAY,
     );
     append(&f, "x", 0..5).await;
     f.faults.lose_answers.store(1, Ordering::SeqCst);
@@ -796,7 +800,7 @@ async fn a_dead_letter_whose_completion_failed_is_counted_once() {
     let f = fixture(
         Some((1, SendError::Permanent("rejected".into()))),
         true,
-        (5, Duration::from_secs(900)),
+        REPLAY,
     );
     append(&f, "x", 0..1).await;
     f.faults.fail_completes.store(1, Ordering::SeqCst);
@@ -819,7 +823,7 @@ async fn depth_and_sent(f: &Fixture) -> (u64, u64) {
 
 #[tokio::test]
 async fn a_drained_cycle_leaves_its_accepted_records_to_the_next_cycle() {
-    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    let f = fixture(None, true, REPLAY);
     let defer = |f: &Fixture| {
         let d = Arc::clone(&f.drainer);
         async move { d.cycle(1, &CancellationToken::new()).await }
@@ -843,7 +847,7 @@ async fn a_drained_cycle_leaves_its_accepted_records_to_the_next_cycle() {
 
 #[tokio::test]
 async fn records_left_under_an_older_version_are_sent_again_not_completed() {
-    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    let f = fixture(None, true, REPLAY);
     append(&f, "x", 0..3).await;
     f.drainer
         .cycle(1, &CancellationToken::new())
@@ -861,7 +865,7 @@ async fn records_left_under_an_older_version_are_sent_again_not_completed() {
 
 #[tokio::test]
 async fn records_left_when_the_lease_is_lost_are_completed_unless_a_newer_holder_took_them() {
-    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    let f = fixture(None, true, REPLAY);
     append(&f, "x", 0..3).await;
     f.drainer
         .cycle(1, &CancellationToken::new())
@@ -890,7 +894,7 @@ async fn a_cycle_with_a_failed_send_writes_everything_before_it_ends() {
     let f = fixture(
         Some((2, SendError::Transient("connection lost".into()))),
         true,
-        (5, Duration::from_secs(900)),
+        REPLAY,
     );
     append(&f, "x", 0..3).await;
     f.drainer
@@ -903,7 +907,7 @@ async fn a_cycle_with_a_failed_send_writes_everything_before_it_ends() {
 
 #[tokio::test]
 async fn the_records_the_last_cycle_left_are_completed_at_shutdown_or_soon_after() {
-    let f = fixture(None, true, (5, Duration::from_secs(900)));
+    let f = fixture(None, true, REPLAY);
     append(&f, "x", 0..5).await;
     let Ok(drainer) = Arc::try_unwrap(f.drainer) else {
         panic!("the fixture's drainer has one owner")
@@ -935,7 +939,7 @@ async fn shutdown_during_a_cycle_lets_it_finish_and_releases_the_lease() {
     // two sees the shutdown first varies (`join!` rotates): try a few times.
     for _ in 0..10 {
         // A batch of five: the cycle writes them while it claims again.
-        let f = batched(None, true, (5, Duration::from_secs(900)), 5);
+        let f = batched(None, true, REPLAY, 5);
         append(&f, "x", 0..5).await;
         f.faults.hold.store(true, Ordering::SeqCst);
         let Ok(drainer) = Arc::try_unwrap(f.drainer) else {

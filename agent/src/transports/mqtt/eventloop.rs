@@ -988,6 +988,22 @@ mod tests {
         eventloop
     }
 
+    /// The next `n` events, each an accepted publish's answer (PUBACK or
+    /// PUBCOMP) within 5 s: their ids, and when each was reported.
+    async fn acks(eventloop: &mut EventLoop, n: usize) -> Vec<(u16, Instant)> {
+        let mut acked = Vec::new();
+        while acked.len() < n {
+            match tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await {
+                Ok(Ok(Event::Acked {
+                    pkid,
+                    refused: None,
+                })) => acked.push((pkid, Instant::now())),
+                other => panic!("{other:?} after {} answers", acked.len()),
+            }
+        }
+        acked
+    }
+
     /// Answers read in batches (`low_water`): with eighteen PUBACKs owed
     /// the loop waits for four (16 bytes) before it reads, so the first is
     /// reported only after the fourth was sent; and as they arrive one by
@@ -1012,16 +1028,7 @@ mod tests {
         })
         .await;
         let mut eventloop = sent(port, 18, Qos::AtLeastOnce).await;
-        let mut acked = Vec::new();
-        while acked.len() < 18 {
-            match tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await {
-                Ok(Ok(Event::Acked {
-                    pkid,
-                    refused: None,
-                })) => acked.push((pkid, Instant::now())),
-                other => panic!("{other:?} after {} PUBACKs", acked.len()),
-            }
-        }
+        let acked = acks(&mut eventloop, 18).await;
         let pkids: Vec<u16> = acked.iter().map(|(pkid, _)| *pkid).collect();
         assert_eq!(pkids, (1..=18).collect::<Vec<u16>>());
         // The CONNACK was the broker's first write, the fourth PUBACK its fifth.
@@ -1091,17 +1098,9 @@ mod tests {
         })
         .await;
         let mut eventloop = sent(port, usize::from(N), Qos::ExactlyOnce).await;
-        let mut completed = Vec::new();
-        while completed.len() < usize::from(N) {
-            match tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await {
-                Ok(Ok(Event::Acked {
-                    pkid,
-                    refused: None,
-                })) => completed.push(pkid),
-                other => panic!("{other:?} after {} PUBCOMPs", completed.len()),
-            }
-        }
-        assert_eq!(completed, (1..=N).collect::<Vec<u16>>());
+        let completed = acks(&mut eventloop, usize::from(N)).await;
+        let pkids: Vec<u16> = completed.iter().map(|(pkid, _)| *pkid).collect();
+        assert_eq!(pkids, (1..=N).collect::<Vec<u16>>());
         broker.abort();
     }
 
@@ -1198,17 +1197,9 @@ mod tests {
             ),
             "{resumed:?}"
         );
-        let mut completed = Vec::new();
-        while completed.len() < usize::from(N) {
-            match tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await {
-                Ok(Ok(Event::Acked {
-                    pkid,
-                    refused: None,
-                })) => completed.push(pkid),
-                other => panic!("{other:?} after {} PUBCOMPs", completed.len()),
-            }
-        }
-        assert_eq!(completed, (1..=N).collect::<Vec<u16>>());
+        let completed = acks(&mut eventloop, usize::from(N)).await;
+        let pkids: Vec<u16> = completed.iter().map(|(pkid, _)| *pkid).collect();
+        assert_eq!(pkids, (1..=N).collect::<Vec<u16>>());
         let connection = eventloop.connection.as_ref().expect("connected");
         assert!(connection.inflight.pending.is_empty(), "every id released");
         broker.abort();
