@@ -15,6 +15,33 @@ use serde::Deserialize;
 use super::duration::Duration;
 use super::secret::Secret;
 
+/// The longest Unix socket path a `unix://` broker URL may name: Linux's `sun_path` holds 108
+/// bytes with the terminating NUL.
+pub const MAX_UNIX_SOCKET_PATH: usize = 107;
+
+/// The socket path of a `unix:///absolute/path` broker URL: `None` when the URL is not a
+/// `unix://` one, the problem when its path is not an absolute path that fits a socket address.
+pub fn unix_socket_path(url: &str) -> Option<Result<&str, String>> {
+    let (scheme, path) = url.split_once("://")?;
+    if !scheme.eq_ignore_ascii_case("unix") {
+        return None;
+    }
+    Some(if !path.starts_with('/') || path.len() < 2 {
+        Err(format!(
+            "\"{url}\" needs an absolute socket path: unix:///path/to/socket"
+        ))
+    } else if path.contains('\0') {
+        Err(format!("\"{url}\" has a NUL in its socket path"))
+    } else if path.len() > MAX_UNIX_SOCKET_PATH {
+        Err(format!(
+            "\"{url}\" has a socket path of {} bytes; a Unix socket path holds at most {MAX_UNIX_SOCKET_PATH}",
+            path.len()
+        ))
+    } else {
+        Ok(path)
+    })
+}
+
 /// The kind of broker or service a session connects to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -88,7 +115,8 @@ pub struct SessionOptions {
 #[serde(deny_unknown_fields)]
 pub struct SessionSettings {
     /// mqtt, required: `tcp|mqtt://host[:port]` (plain, default port 1883),
-    /// `ssl|mqtts://host[:port]` (TLS, 8883), `ws://host[:port][/path]` (80), `wss://…` (443).
+    /// `ssl|mqtts://host[:port]` (TLS, 8883), `ws://host[:port][/path]` (80), `wss://…` (443),
+    /// or `unix:///absolute/path` (a Unix socket of a broker on the same host).
     #[serde(default)]
     pub broker_url: Option<String>,
     /// mqtt, required: the MQTT client id. Receivers use a persistent session keyed by it, so it

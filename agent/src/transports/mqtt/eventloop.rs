@@ -68,7 +68,7 @@ use prost::bytes::{Buf, BytesMut};
 use rumqttc::tokio_rustls::TlsConnector;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::time::Instant;
 
 use super::codec::{Codec, ConnectOptions, Incoming};
@@ -215,7 +215,7 @@ pub(crate) fn create(
     endpoint: &Endpoint,
     receiver: Option<&MqttReceiverSettings>,
 ) -> Result<(Client, EventLoop), SettingsError> {
-    let tls = if endpoint.tls {
+    let tls = if endpoint.tls() {
         Some(TlsConnector::from(tls::client_config(
             settings.ca_file.as_deref(),
         )?))
@@ -371,42 +371,52 @@ impl EventLoop {
         })
     }
 
-    /// TCP (and TLS), CONNECT, and the CONNACK with whatever arrived after
-    /// it; the connection's low-water mark.
+    /// TCP (and TLS) or the Unix socket, CONNECT, and the CONNACK with
+    /// whatever arrived after it; the connection's low-water mark.
     async fn handshake(
         &self,
     ) -> Result<(Box<dyn Stream>, BytesMut, super::codec::ConnAck, LowWater), String> {
-        let tcp = TcpStream::connect((self.endpoint.host.as_str(), self.endpoint.port))
-            .await
-            .map_err(|e| format!("I/O: {e}"))?;
-        tcp.set_nodelay(true).map_err(|e| format!("I/O: {e}"))?;
-        let (mut stream, low_water): (Box<dyn Stream>, _) = match &self.tls {
-            Some(connector) => {
-                let name = ServerName::try_from(self.endpoint.host.clone())
-                    .map_err(|e| format!("TLS: invalid server name: {e}"))?;
-                let tls = connector
-                    .connect(name, tcp)
+        let io = |e: std::io::Error| format!("I/O: {e}");
+        let (mut stream, low_water): (Box<dyn Stream>, _) = match &self.endpoint {
+            // A Unix socket wakes its reader for any byte whatever the mark
+            // (its poll ignores SO_RCVLOWAT), so it reads as packets come.
+            Endpoint::Unix(path) => {
+                let unix = UnixStream::connect(path)
                     .await
-                    .map_err(|e| format!("TLS: {e}"))?;
-                (Box::new(tls), LowWater::none())
+                    .map_err(|e| format!("I/O: {}: {e}", path.display()))?;
+                (Box::new(unix), LowWater::none())
             }
-            // A receiving session reads as packets come (low_water,
-            // invariant 2).
-            None if self.receives => (Box::new(tcp), LowWater::none()),
-            None => {
-                let low_water = LowWater::of(&tcp, &self.options.client_id);
-                (Box::new(tcp), low_water)
+            Endpoint::Tcp { host, port, .. } => {
+                let tcp = TcpStream::connect((host.as_str(), *port))
+                    .await
+                    .map_err(io)?;
+                tcp.set_nodelay(true).map_err(io)?;
+                match &self.tls {
+                    Some(connector) => {
+                        let name = ServerName::try_from(host.clone())
+                            .map_err(|e| format!("TLS: invalid server name: {e}"))?;
+                        let tls = connector
+                            .connect(name, tcp)
+                            .await
+                            .map_err(|e| format!("TLS: {e}"))?;
+                        (Box::new(tls), LowWater::none())
+                    }
+                    // A receiving session reads as packets come (low_water,
+                    // invariant 2).
+                    None if self.receives => (Box::new(tcp), LowWater::none()),
+                    None => {
+                        let low_water = LowWater::of(&tcp, &self.options.client_id);
+                        (Box::new(tcp), low_water)
+                    }
+                }
             }
         };
         let mut write = BytesMut::new();
         self.codec
             .connect(&self.options, &mut write)
             .map_err(|e| e.0)?;
-        stream
-            .write_all(&write)
-            .await
-            .map_err(|e| format!("I/O: {e}"))?;
-        stream.flush().await.map_err(|e| format!("I/O: {e}"))?;
+        stream.write_all(&write).await.map_err(io)?;
+        stream.flush().await.map_err(io)?;
         let mut read = BytesMut::new();
         loop {
             match self.codec.decode(&mut read, self.options.max_incoming)? {
@@ -421,12 +431,7 @@ impl EventLoop {
                 None => {}
             }
             read.reserve(READ_ROOM);
-            if stream
-                .read_buf(&mut read)
-                .await
-                .map_err(|e| format!("I/O: {e}"))?
-                == 0
-            {
+            if stream.read_buf(&mut read).await.map_err(io)? == 0 {
                 return Err("the broker closed the connection before its CONNACK".into());
             }
         }
@@ -876,6 +881,23 @@ mod tests {
         let settings = MqttSessionSettings::new("t", format!("tcp://127.0.0.1:{port}"), "client-t");
         let endpoint = settings.validate().expect("valid settings");
         create(&settings, &endpoint, receiver).expect("created")
+    }
+
+    /// A Unix socket that is not there (the broker not started yet, or a
+    /// typo in `broker_url`) fails the connection with its path named.
+    #[tokio::test]
+    async fn a_missing_unix_socket_is_named() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let path = dir.path().join("mqtt.sock");
+        let settings =
+            MqttSessionSettings::new("t", format!("unix://{}", path.display()), "client-t");
+        let endpoint = settings.validate().expect("valid settings");
+        let (_client, mut eventloop) = create(&settings, &endpoint, None).expect("created");
+        let error = format!("{:?}", eventloop.poll().await.map(|_| ()));
+        assert!(
+            error.contains(&path.display().to_string()) && error.contains("No such file"),
+            "{error}"
+        );
     }
 
     /// The events of one event loop against a fake broker sending `writes`,

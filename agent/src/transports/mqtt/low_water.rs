@@ -33,6 +33,8 @@
 //! 3. **Plain TCP on Linux only.** Under TLS, rustls holds the bytes of a
 //!    partly read record, which the kernel no longer counts, so invariant 1
 //!    could not be kept: a TLS connection reads every answer as it comes.
+//!    A Unix socket's poll reports it readable for any byte whatever the
+//!    mark, so a mark there would only cost system calls: none is set.
 //!    Linux wakes a reader when a mark is lowered under what is queued (since
 //!    4.20); elsewhere the mark stays at 1.
 //! 4. **A mark that cannot be set costs speed, not messages.** If raising

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ferry_shared::config::Secret;
+use ferry_shared::config::transport::unix_socket_path;
 use ferry_shared::mqtt_string;
 
 /// The largest packet MQTT can carry (the variable byte integer limit).
@@ -136,12 +137,12 @@ impl MqttSessionSettings {
             return Err(SettingsError::Invalid("a password needs a username".into()));
         }
         if (self.username.is_some() || self.password.is_some())
-            && !endpoint.tls
+            && endpoint.plaintext()
             && !self.allow_plaintext_credentials
         {
             return Err(SettingsError::PlaintextCredentials(self.broker_url.clone()));
         }
-        if self.ca_file.is_some() && !endpoint.tls {
+        if self.ca_file.is_some() && !endpoint.tls() {
             return Err(SettingsError::Invalid(format!(
                 "ca_file is set but {} is not a TLS URL (use ssl:// or mqtts://)",
                 self.broker_url
@@ -284,10 +285,23 @@ pub enum SettingsError {
 
 /// Where to connect.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Endpoint {
-    pub host: String,
-    pub port: u16,
-    pub tls: bool,
+pub(crate) enum Endpoint {
+    /// A host and port, with or without TLS.
+    Tcp { host: String, port: u16, tls: bool },
+    /// The Unix socket of a broker on the same host (`unix:///path`).
+    Unix(PathBuf),
+}
+
+impl Endpoint {
+    /// Whether the connection runs TLS.
+    pub fn tls(&self) -> bool {
+        matches!(self, Endpoint::Tcp { tls: true, .. })
+    }
+
+    /// Whether credentials sent on it cross a network unencrypted.
+    fn plaintext(&self) -> bool {
+        matches!(self, Endpoint::Tcp { tls: false, .. })
+    }
 }
 
 pub(crate) fn parse_broker_url(url: &str) -> Result<Endpoint, SettingsError> {
@@ -295,13 +309,18 @@ pub(crate) fn parse_broker_url(url: &str) -> Result<Endpoint, SettingsError> {
         url: url.to_owned(),
         reason: reason.to_owned(),
     };
+    if let Some(path) = unix_socket_path(url) {
+        return path
+            .map(|path| Endpoint::Unix(PathBuf::from(path)))
+            .map_err(|reason| error(&reason));
+    }
     let (scheme, rest) = url
         .split_once("://")
-        .ok_or_else(|| error("expected scheme://host[:port]"))?;
+        .ok_or_else(|| error("expected scheme://host[:port] or unix:///path"))?;
     let (tls, default_port) = match scheme.to_ascii_lowercase().as_str() {
         "tcp" | "mqtt" => (false, 1883),
         "ssl" | "mqtts" | "tls" => (true, 8883),
-        _ => return Err(error("the scheme must be tcp, mqtt, ssl or mqtts")),
+        _ => return Err(error("the scheme must be tcp, mqtt, ssl, mqtts or unix")),
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     if rest.contains('/') || rest.contains('?') || rest.contains('@') {
@@ -341,7 +360,7 @@ pub(crate) fn parse_broker_url(url: &str) -> Result<Endpoint, SettingsError> {
             .filter(|p| *p != 0)
             .ok_or_else(|| error("the port must be a number from 1 to 65535"))?,
     };
-    Ok(Endpoint {
+    Ok(Endpoint::Tcp {
         host: host.to_owned(),
         port,
         tls,
@@ -389,7 +408,7 @@ mod tests {
     use super::*;
 
     fn endpoint(host: &str, port: u16, tls: bool) -> Endpoint {
-        Endpoint {
+        Endpoint::Tcp {
             host: host.into(),
             port,
             tls,
@@ -414,6 +433,10 @@ mod tests {
             parse_broker_url("ssl://[::1]:9000"),
             Ok(endpoint("::1", 9000, true))
         );
+        assert_eq!(
+            parse_broker_url("unix:///run/mosquitto/mqtt.sock"),
+            Ok(Endpoint::Unix("/run/mosquitto/mqtt.sock".into()))
+        );
         for bad in [
             "broker:1883",
             "http://broker",
@@ -422,6 +445,8 @@ mod tests {
             "tcp://broker:x",
             "tcp://u:p@broker",
             "tcp://broker/path",
+            "unix://relative.sock",
+            "unix://",
         ] {
             assert!(parse_broker_url(bad).is_err(), "{bad}");
         }
@@ -441,6 +466,11 @@ mod tests {
         s.allow_plaintext_credentials = false;
         s.broker_url = "mqtts://127.0.0.1".into();
         assert!(s.validate().is_ok());
+        // Credentials on a Unix socket stay on the host.
+        s.broker_url = "unix:///run/mqtt.sock".into();
+        assert!(s.validate().is_ok());
+        s.ca_file = Some("/ca.pem".into());
+        assert!(s.validate().is_err(), "no TLS on a Unix socket");
     }
 
     #[test]

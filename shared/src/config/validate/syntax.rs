@@ -2,6 +2,7 @@
 //! problem as a message.
 
 use super::super::secret::mask_url;
+use super::super::transport::unix_socket_path;
 
 /// The parts of a `scheme://host[:port][/path]` URL that the rules look at.
 #[derive(Debug, PartialEq, Eq)]
@@ -112,12 +113,27 @@ pub(super) const MQTT_SCHEMES: [(&str, bool); 6] = [
     ("wss", true),
 ];
 
-/// An MQTT broker URL; returns whether it uses TLS.
-pub(super) fn broker_url(s: &str) -> Result<bool, String> {
+/// How an MQTT broker URL reaches its broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BrokerLink {
+    /// Over the network without TLS: `tcp://`, `mqtt://`, `ws://`.
+    Plain,
+    /// Over the network with TLS: `ssl://`, `mqtts://`, `wss://`.
+    Tls,
+    /// A Unix socket of a broker on the same host, `unix:///path`: nothing crosses a network,
+    /// and there is no TLS.
+    UnixSocket,
+}
+
+/// An MQTT broker URL; returns how it reaches its broker.
+pub(super) fn broker_url(s: &str) -> Result<BrokerLink, String> {
+    if let Some(path) = unix_socket_path(s) {
+        return path.map(|_| BrokerLink::UnixSocket);
+    }
     let u = url(s)?;
     let Some(&(_, tls)) = MQTT_SCHEMES.iter().find(|(scheme, _)| *scheme == u.scheme) else {
         return Err(format!(
-            "\"{s}\" has scheme \"{}\"; an MQTT broker URL is tcp://, mqtt://, ssl://, mqtts://, ws:// or wss://",
+            "\"{s}\" has scheme \"{}\"; an MQTT broker URL is tcp://, mqtt://, ssl://, mqtts://, ws://, wss:// or unix://",
             u.scheme
         ));
     };
@@ -126,7 +142,11 @@ pub(super) fn broker_url(s: &str) -> Result<bool, String> {
             "\"{s}\" has a path; only ws:// and wss:// broker URLs take one"
         ));
     }
-    Ok(tls)
+    Ok(if tls {
+        BrokerLink::Tls
+    } else {
+        BrokerLink::Plain
+    })
 }
 
 /// A subscription topic filter (wildcards allowed, `$share/{group}/{filter}` allowed).
@@ -365,9 +385,33 @@ mod tests {
 
     #[test]
     fn broker_urls() {
-        assert_eq!(broker_url("tcp://h:1883"), Ok(false));
-        assert_eq!(broker_url("mqtts://h"), Ok(true));
-        assert_eq!(broker_url("wss://h/mqtt"), Ok(true));
+        assert_eq!(broker_url("tcp://h:1883"), Ok(BrokerLink::Plain));
+        assert_eq!(broker_url("mqtts://h"), Ok(BrokerLink::Tls));
+        assert_eq!(broker_url("wss://h/mqtt"), Ok(BrokerLink::Tls));
+        assert_eq!(
+            broker_url("unix:///run/mosquitto/mqtt.sock"),
+            Ok(BrokerLink::UnixSocket)
+        );
+        assert_eq!(
+            broker_url("UNIX:///x"),
+            Ok(BrokerLink::UnixSocket),
+            "schemes are case-insensitive"
+        );
+        for bad in [
+            "unix://",
+            "unix:///",
+            "unix://relative/path",
+            "unix:///a\0b",
+        ] {
+            assert!(broker_url(bad).is_err(), "{bad:?}");
+        }
+        let longest = format!("unix:///{}", "s".repeat(106));
+        assert_eq!(broker_url(&longest), Ok(BrokerLink::UnixSocket));
+        assert!(
+            broker_url(&format!("{longest}s"))
+                .expect_err("108 bytes of path")
+                .contains("at most 107")
+        );
         assert!(broker_url("http://h").is_err());
         assert!(broker_url("tcp://h/path").is_err());
     }

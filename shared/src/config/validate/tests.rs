@@ -775,7 +775,7 @@ fn broker_url_scheme_is_an_mqtt_one() {
     assert_only(
         &errors(|c| c.sessions[0].options.session.broker_url = Some("http://broker:1883".into())),
         "sessions[0].options.session.broker_url",
-        "an MQTT broker URL is tcp://, mqtt://, ssl://, mqtts://, ws:// or wss://",
+        "an MQTT broker URL is tcp://, mqtt://, ssl://, mqtts://, ws://, wss:// or unix://",
     );
 }
 
@@ -797,11 +797,40 @@ fn broker_url_host_and_port_parse() {
         "mqtts://10.0.0.1",
         "ws://b/mqtt",
         "wss://[::1]:443/mqtt",
+        "unix:///run/mosquitto/mqtt.sock",
     ] {
         let mut c = base();
         c.sessions[0].options.session.broker_url = Some(ok.into());
         assert!(validate(&c).is_ok(), "{ok}");
     }
+}
+
+#[test]
+fn a_unix_socket_url_needs_an_absolute_path_and_no_tls_files() {
+    assert_only(
+        &errors(|c| c.sessions[0].options.session.broker_url = Some("unix://mqtt.sock".into())),
+        "sessions[0].options.session.broker_url",
+        "needs an absolute socket path",
+    );
+    assert_only(
+        &errors(|c| {
+            let s = &mut c.sessions[0].options.session;
+            s.broker_url = Some("unix:///run/mqtt.sock".into());
+            s.ca_file = Some("/ca.pem".into());
+        }),
+        "sessions[0].options.session.ca_file",
+        "needs a TLS broker_url",
+    );
+}
+
+#[test]
+fn credentials_on_a_unix_socket_stay_on_the_host() {
+    let mut c = base();
+    let s = &mut c.sessions[0].options.session;
+    s.broker_url = Some("unix:///run/mqtt.sock".into());
+    s.username = Some("u".into());
+    s.password = Some("p".into());
+    assert!(validate(&c).is_ok());
 }
 
 #[test]

@@ -11,7 +11,8 @@ use super::super::transport::{
     DEFAULT_PENDING_STATUS, DEFAULT_SENT_STATUS, ProtocolVersion, Sender, SessionSettings,
     StateColumn, Transport,
 };
-use super::{Validator, syntax};
+use super::Validator;
+use super::syntax::{self, BrokerLink};
 
 /// The longest SQS long-poll wait.
 const MAX_SQS_WAIT: Duration = Duration::from_secs(20);
@@ -148,14 +149,14 @@ impl Validator<'_> {
     }
 
     fn mqtt_session(&mut self, base: &str, s: &SessionSettings) {
-        let mut tls = None;
+        let mut link = None;
         match &s.broker_url {
             None => self.error(
                 format!("{base}.broker_url"),
                 "an mqtt session needs broker_url",
             ),
             Some(u) => match syntax::broker_url(u) {
-                Ok(is_tls) => tls = Some(is_tls),
+                Ok(l) => link = Some(l),
                 Err(e) => self.error(format!("{base}.broker_url"), e),
             },
         }
@@ -193,9 +194,15 @@ impl Validator<'_> {
                 "MQTT v3.1.1 does not allow a password without a username",
             );
         }
-        if tls == Some(false) {
-            self.plaintext(base, s, "an ssl://, mqtts:// or wss:// broker_url");
-            self.tls_files_need_tls(base, s, "a TLS broker_url (ssl://, mqtts:// or wss://)");
+        let tls_url = "a TLS broker_url (ssl://, mqtts:// or wss://)";
+        match link {
+            Some(BrokerLink::Plain) => {
+                self.plaintext(base, s, "an ssl://, mqtts:// or wss:// broker_url");
+                self.tls_files_need_tls(base, s, tls_url);
+            }
+            // Credentials sent on a Unix socket stay on the host.
+            Some(BrokerLink::UnixSocket) => self.tls_files_need_tls(base, s, tls_url),
+            Some(BrokerLink::Tls) | None => {}
         }
         self.client_cert_pair(base, s);
     }
