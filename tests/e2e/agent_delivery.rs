@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use anyhow::Context;
+
 use ferry_tests::mqtt::QoS;
 use ferry_tests::{Mosquitto, publish_seq, wait};
 
@@ -42,6 +44,57 @@ async fn fan_out_reaches_every_destination_and_counts_add_up() -> anyhow::Result
 
     let status = agent.terminate(Duration::from_secs(15)).await?;
     assert!(status.success(), "graceful shutdown exits 0: {status}");
+    Ok(())
+}
+
+/// An agent beside its broker reads it through the broker's Unix socket (`unix://`): the
+/// messages arrive as over TCP, and when the broker restarts (and makes its socket anew) the
+/// source session connects to it again and loses nothing.
+#[tokio::test]
+async fn a_source_on_a_unix_socket_delivers_across_a_broker_restart() -> anyhow::Result<()> {
+    const N: u64 = 200;
+    let mut a = Mosquitto::builder().unix_socket().start().await?;
+    let b = Mosquitto::start().await?;
+    let dir = tempfile::tempdir()?;
+    let socket = a.unix_url().context("broker A's Unix socket")?;
+    let bridge = Bridge::new(&socket, &b.url(), dir.path(), &["x", "y"]);
+    let collector = bridge.collector().await?;
+    let agent = bridge.start_agent().await?;
+    let source_connected = |up: bool| {
+        let agent = &agent;
+        wait::until(DELIVERY, "the source session's state", move || {
+            let m = agent.metrics();
+            std::future::ready(m.is_ok_and(|m| {
+                m.session("ferry_session_connected", "src") == f64::from(u8::from(up))
+            }))
+        })
+    };
+
+    publish_seq(&a.url(), &bridge.input(), 0..N / 2, QoS::AtLeastOnce).await?;
+    for binding in &bridge.bindings {
+        collector
+            .wait_for(&bridge.output(binding), 0..N / 2, DELIVERY)
+            .await?;
+    }
+    a.stop().await?;
+    source_connected(false).await?;
+    a.restart().await?;
+    source_connected(true).await?;
+    publish_seq(&a.url(), &bridge.input(), N / 2..N, QoS::AtLeastOnce).await?;
+    for binding in &bridge.bindings {
+        collector
+            .wait_for(&bridge.output(binding), 0..N, DELIVERY)
+            .await?;
+    }
+    let counts = quiesced(&agent, &bridge.bindings, DELIVERY).await?;
+    for c in &counts {
+        assert_eq!(
+            (c.received, c.sent, c.dropped, c.dead_lettered),
+            (N, N, 0, 0),
+            "{c:?}\n{}",
+            agent.tail()
+        );
+    }
     Ok(())
 }
 

@@ -12,6 +12,9 @@
 //! is lost, as with a real crash; add `autosave_interval 1` with
 //! [`MosquittoBuilder::config_line`] to narrow that window.
 //!
+//! [`MosquittoBuilder::unix_socket`] has the broker listen on a Unix socket in its directory as
+//! well ([`Mosquitto::unix_url`]), as a broker beside the agent may.
+//!
 //! [`MosquittoBuilder::user`] adds a user with a password (hashed into a password file with
 //! `mosquitto_passwd`): a client that names that user must give its password, while clients
 //! without a user name stay anonymous, so test publishers and collectors need no credentials.
@@ -33,6 +36,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// The password file's name in the broker's directory.
 const PASSWORD_FILE: &str = "passwords";
+/// The Unix socket's name in the broker's directory.
+const UNIX_SOCKET: &str = "mqtt.sock";
 /// Attempts on new ports when another process takes the free port first.
 const START_ATTEMPTS: usize = 5;
 
@@ -40,6 +45,7 @@ const START_ATTEMPTS: usize = 5;
 #[derive(Debug, Clone)]
 pub struct MosquittoBuilder {
     persistence: bool,
+    unix_socket: bool,
     extra: Vec<String>,
     users: Vec<(String, String)>,
 }
@@ -49,6 +55,12 @@ impl MosquittoBuilder {
     /// (on by default).
     pub fn persistence(mut self, on: bool) -> Self {
         self.persistence = on;
+        self
+    }
+
+    /// Also listens on a Unix socket in the broker's directory ([`Mosquitto::unix_url`]).
+    pub fn unix_socket(mut self) -> Self {
+        self.unix_socket = true;
         self
     }
 
@@ -79,6 +91,7 @@ impl MosquittoBuilder {
                 config_path: dir.path().join("mosquitto.conf"),
                 log_path: dir.path().join("mosquitto.log"),
                 port: free_port()?,
+                unix_socket: self.unix_socket.then(|| dir.path().join(UNIX_SOCKET)),
                 process: None,
                 dir,
             };
@@ -121,6 +134,9 @@ impl MosquittoBuilder {
             port = broker.port,
             log = broker.log_path.display(),
         );
+        if let Some(path) = &broker.unix_socket {
+            config.push_str(&format!("listener 0 {}\n", path.display()));
+        }
         if self.persistence {
             // The location must end with a slash.
             config.push_str(&format!("persistence true\npersistence_location {dir}/\n"));
@@ -180,6 +196,7 @@ pub struct Mosquitto {
     config_path: PathBuf,
     log_path: PathBuf,
     port: u16,
+    unix_socket: Option<PathBuf>,
     process: Option<ChildProcess>,
     // Last, so the directory is removed after the process is gone.
     dir: TempDir,
@@ -190,6 +207,7 @@ impl Mosquitto {
     pub fn builder() -> MosquittoBuilder {
         MosquittoBuilder {
             persistence: true,
+            unix_socket: false,
             extra: Vec::new(),
             users: Vec::new(),
         }
@@ -219,6 +237,14 @@ impl Mosquitto {
     /// `tcp://127.0.0.1:PORT`, the form Ferry's configuration uses.
     pub fn url(&self) -> String {
         format!("tcp://127.0.0.1:{}", self.port)
+    }
+
+    /// `unix:///…/mqtt.sock`, the broker's Unix socket, if it was built with
+    /// [`MosquittoBuilder::unix_socket`].
+    pub fn unix_url(&self) -> Option<String> {
+        self.unix_socket
+            .as_ref()
+            .map(|path| format!("unix://{}", path.display()))
     }
 
     /// The temporary directory holding the configuration, log and persistence file.
