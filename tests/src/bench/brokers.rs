@@ -16,12 +16,16 @@ pub async fn start_destination(extra: &[String]) -> anyhow::Result<Mosquitto> {
 }
 
 /// Starts broker A, the source; with `bridge_to`, it bridges to that port of 127.0.0.1 with one
-/// connection per prefix in `prefixes`.
+/// connection per prefix in `prefixes`; with `unix_socket`, it also listens on a Unix socket.
 pub async fn start_source(
     bridge_to: Option<(u16, &[&str])>,
     extra: &[String],
+    unix_socket: bool,
 ) -> anyhow::Result<Mosquitto> {
     let mut builder = builder(extra);
+    if unix_socket {
+        builder = builder.unix_socket();
+    }
     if let Some((port, prefixes)) = bridge_to {
         for line in bridge_config(port, prefixes) {
             builder = builder.config_line(line);

@@ -126,6 +126,9 @@ pub struct Settings {
     pub keep: bool,
     /// Extra `mosquitto.conf` lines for every broker.
     pub broker_config: Vec<String>,
+    /// The agent reaches broker A on its Unix socket (`unix://`) instead of TCP, as an agent
+    /// beside its broker may; the bridge, the publisher and the collectors stay on TCP.
+    pub source_socket: bool,
     /// Run the agent under Callgrind and count its instructions (its run directory is kept).
     pub callgrind: bool,
     /// Export the agent's spans (every trace sampled) to this OTLP endpoint; no tracing when
@@ -255,7 +258,7 @@ async fn measure(
         Contender::Bridge { .. } => Some((destination.port(), prefixes)),
         Contender::Ferry(_) => None,
     };
-    let source = brokers::start_source(bridge, &settings.broker_config)
+    let source = brokers::start_source(bridge, &settings.broker_config, settings.source_socket)
         .await
         .context("starting broker A")?;
 
@@ -278,10 +281,11 @@ async fn measure(
             let (site, env) = prepare_stores(spec.store_used(), run_dir.path(), &mut database)
                 .await
                 .with_context(|| format!("preparing the {} stores", spec.store_used().name()))?;
+            let source_url = source.unix_url().unwrap_or_else(|| source.url());
             let mut yaml = ferry::config(
                 route,
                 settings.tuning,
-                &source.url(),
+                &source_url,
                 &destination.url(),
                 &site,
                 prefixes,

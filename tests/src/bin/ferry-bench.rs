@@ -75,6 +75,10 @@ struct Cli {
     /// `--broker-config "max_queued_messages 1000000"`.
     #[arg(long)]
     broker_config: Vec<String>,
+    /// The agent reaches broker A through a Unix socket (`unix://`) instead of TCP, as an agent
+    /// running beside its broker may; the bridge, the publisher and the collectors stay on TCP.
+    #[arg(long)]
+    source_socket: bool,
     /// Keep each Ferry run's directory (configuration, agent output, SQLite files, /metrics).
     #[arg(long, global = true)]
     keep: bool,
@@ -384,6 +388,7 @@ async fn main() -> ExitCode {
         deliver_timeout: Duration::from_secs(cli.deliver_timeout),
         keep: cli.keep,
         broker_config: cli.broker_config.clone(),
+        source_socket: cli.source_socket,
         callgrind: cli.callgrind,
         otlp_endpoint: sink.as_ref().map(|s| s.endpoint().to_owned()),
     };
@@ -404,6 +409,9 @@ async fn main() -> ExitCode {
     }
 
     println!();
+    if cli.source_socket {
+        println!("The agent reached broker A through its Unix socket (--source-socket).\n");
+    }
     print!("{}", report::runs_table(&results));
     let stores = report::stores_table(&results);
     if !stores.is_empty() {
