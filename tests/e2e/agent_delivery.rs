@@ -47,18 +47,21 @@ async fn fan_out_reaches_every_destination_and_counts_add_up() -> anyhow::Result
     Ok(())
 }
 
-/// An agent beside its broker reads it through the broker's Unix socket (`unix://`): the
-/// messages arrive as over TCP, and when the broker restarts (and makes its socket anew) the
-/// source session connects to it again and loses nothing.
+/// An agent beside its brokers reads and sends through their Unix sockets (`unix://`): the
+/// messages arrive as over TCP, and when the source broker restarts (and makes its socket
+/// anew) the source session connects to it again and loses nothing.
 #[tokio::test]
-async fn a_source_on_a_unix_socket_delivers_across_a_broker_restart() -> anyhow::Result<()> {
+async fn unix_sockets_deliver_across_a_broker_restart() -> anyhow::Result<()> {
     const N: u64 = 200;
     let mut a = Mosquitto::builder().unix_socket().start().await?;
-    let b = Mosquitto::start().await?;
+    let b = Mosquitto::builder().unix_socket().start().await?;
     let dir = tempfile::tempdir()?;
-    let socket = a.unix_url().context("broker A's Unix socket")?;
-    let bridge = Bridge::new(&socket, &b.url(), dir.path(), &["x", "y"]);
+    let socket = |broker: &Mosquitto| broker.unix_url().context("a broker's Unix socket");
+    let mut bridge = Bridge::new(&socket(&a)?, &b.url(), dir.path(), &["x", "y"]);
+    // The test's own clients speak TCP: the collector subscribes on B's port, the agent
+    // sends through B's socket.
     let collector = bridge.collector().await?;
+    bridge.destination = socket(&b)?;
     let agent = bridge.start_agent().await?;
     let source_connected = |up: bool| {
         let agent = &agent;

@@ -19,22 +19,24 @@ use super::secret::Secret;
 /// bytes with the terminating NUL.
 pub const MAX_UNIX_SOCKET_PATH: usize = 107;
 
-/// The socket path of a `unix:///absolute/path` broker URL: `None` when the URL is not a
-/// `unix://` one, the problem when its path is not an absolute path that fits a socket address.
+/// The socket path of a `unix:///absolute/path` broker URL, taken literally (no
+/// percent-decoding): `None` when the URL is not a `unix://` one, the problem when its path is
+/// not the absolute path of a file that fits a socket address. The one check of such a URL, for
+/// the shared validator and the agent's session settings alike.
 pub fn unix_socket_path(url: &str) -> Option<Result<&str, String>> {
     let (scheme, path) = url.split_once("://")?;
     if !scheme.eq_ignore_ascii_case("unix") {
         return None;
     }
-    Some(if !path.starts_with('/') || path.len() < 2 {
-        Err(format!(
-            "\"{url}\" needs an absolute socket path: unix:///path/to/socket"
-        ))
+    Some(if !path.starts_with('/') || path.ends_with('/') {
+        Err("needs the absolute path of the socket file: unix:///path/to/socket".to_owned())
+    } else if path.contains(['?', '#']) {
+        Err("must not have a query or fragment".to_owned())
     } else if path.contains('\0') {
-        Err(format!("\"{url}\" has a NUL in its socket path"))
+        Err("has a NUL in its socket path".to_owned())
     } else if path.len() > MAX_UNIX_SOCKET_PATH {
         Err(format!(
-            "\"{url}\" has a socket path of {} bytes; a Unix socket path holds at most {MAX_UNIX_SOCKET_PATH}",
+            "has a socket path of {} bytes; a Unix socket path holds at most {MAX_UNIX_SOCKET_PATH}",
             path.len()
         ))
     } else {

@@ -33,10 +33,10 @@
 //! 3. **Plain TCP on Linux only.** Under TLS, rustls holds the bytes of a
 //!    partly read record, which the kernel no longer counts, so invariant 1
 //!    could not be kept: a TLS connection reads every answer as it comes.
-//!    A Unix socket's poll reports it readable for any byte whatever the
-//!    mark, so a mark there would only cost system calls: none is set.
 //!    Linux wakes a reader when a mark is lowered under what is queued (since
-//!    4.20); elsewhere the mark stays at 1.
+//!    4.20); elsewhere the mark stays at 1. A Unix socket (ADR 0020) gets no
+//!    mark either: its poll reports it readable for any byte whatever the
+//!    mark, so one would only cost system calls.
 //! 4. **A mark that cannot be set costs speed, not messages.** If raising
 //!    it fails, the mark goes back to 1 and stays there for the connection;
 //!    only a mark that cannot be lowered ends the connection, which must not

@@ -1,9 +1,9 @@
 //! MQTT transport: sessions, a receiver and senders, on a client of our own.
 //!
 //! - [`MqttSession`] owns one connection (v5 by default, v3.1.1 as an option;
-//!   `tcp://` or TLS `ssl://`), polls its event loop in a task until the
-//!   shutdown token fires, reconnects with backoff and publishes its connected
-//!   state. [`MqttSession::start_with_receiver`] adds a [`MqttReceiver`];
+//!   `tcp://`, TLS `ssl://` or a local broker's `unix://` socket), polls its
+//!   event loop in a task until the shutdown token fires, reconnects with
+//!   backoff and publishes its connected state. [`MqttSession::start_with_receiver`] adds a [`MqttReceiver`];
 //!   [`MqttSession::sender`] makes [`MqttSender`]s.
 //! - The receiver acknowledges in receive order, only after settle; see
 //!   `receiver` for the invariants. The sender resolves on the PUBACK of its own

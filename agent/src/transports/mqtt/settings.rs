@@ -46,7 +46,8 @@ pub struct MqttSessionSettings {
     /// `source.session_id`.
     pub name: String,
     /// `tcp://host:port` or `mqtt://` (plain, default port 1883),
-    /// `ssl://host:port` or `mqtts://` (TLS, default port 8883).
+    /// `ssl://host:port` or `mqtts://` (TLS, default port 8883), or
+    /// `unix:///path` (the Unix socket of a broker on the same host).
     pub broker_url: String,
     /// MQTT client id; must be unique per broker, and stable for a persistent
     /// session.
@@ -71,7 +72,8 @@ pub struct MqttSessionSettings {
     /// PEM file of the CA certificates to trust for TLS; the system's roots
     /// when unset.
     pub ca_file: Option<PathBuf>,
-    /// Time allowed for TCP, TLS and CONNECT/CONNACK, whole seconds.
+    /// Time allowed for the connection (TCP and TLS, or the Unix socket) and
+    /// CONNECT/CONNACK, whole seconds.
     pub connect_timeout: Duration,
     /// First reconnect delay; doubles per failed attempt (with jitter).
     pub reconnect_initial: Duration,
@@ -272,7 +274,7 @@ pub enum SettingsError {
     },
     /// Credentials would travel unencrypted.
     #[error(
-        "username/password over plaintext {0} refused: use ssl:// or mqtts://, or set allow_plaintext_credentials"
+        "username/password over plaintext {0} refused: use ssl:// or mqtts:// (or unix:// for a broker on this host), or set allow_plaintext_credentials"
     )]
     PlaintextCredentials(String),
     /// The TLS configuration cannot be built (CA file unreadable, no roots).
@@ -437,6 +439,13 @@ mod tests {
             parse_broker_url("unix:///run/mosquitto/mqtt.sock"),
             Ok(Endpoint::Unix("/run/mosquitto/mqtt.sock".into()))
         );
+        // `sun_path` holds 108 bytes with the terminating NUL.
+        let longest = format!("/{}", "s".repeat(106));
+        assert_eq!(
+            parse_broker_url(&format!("unix://{longest}")),
+            Ok(Endpoint::Unix(longest.clone().into()))
+        );
+        assert!(parse_broker_url(&format!("unix://{longest}s")).is_err());
         for bad in [
             "broker:1883",
             "http://broker",
@@ -447,6 +456,7 @@ mod tests {
             "tcp://broker/path",
             "unix://relative.sock",
             "unix://",
+            "unix:///run/mosquitto/",
         ] {
             assert!(parse_broker_url(bad).is_err(), "{bad}");
         }

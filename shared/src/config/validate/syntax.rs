@@ -128,7 +128,9 @@ pub(super) enum BrokerLink {
 /// An MQTT broker URL; returns how it reaches its broker.
 pub(super) fn broker_url(s: &str) -> Result<BrokerLink, String> {
     if let Some(path) = unix_socket_path(s) {
-        return path.map(|_| BrokerLink::UnixSocket);
+        return path
+            .map(|_| BrokerLink::UnixSocket)
+            .map_err(|problem| format!("\"{s}\" {problem}"));
     }
     let u = url(s)?;
     let Some(&(_, tls)) = MQTT_SCHEMES.iter().find(|(scheme, _)| *scheme == u.scheme) else {
@@ -397,13 +399,16 @@ mod tests {
             Ok(BrokerLink::UnixSocket),
             "schemes are case-insensitive"
         );
-        for bad in [
-            "unix://",
-            "unix:///",
-            "unix://relative/path",
-            "unix:///a\0b",
+        for (bad, problem) in [
+            ("unix://", "absolute path"),
+            ("unix:///", "absolute path"),
+            ("unix://relative/path", "absolute path"),
+            ("unix:///run/mosquitto/", "absolute path"),
+            ("unix:///run/mqtt.sock?x=1", "query or fragment"),
+            ("unix:///a\0b", "NUL"),
         ] {
-            assert!(broker_url(bad).is_err(), "{bad:?}");
+            let error = broker_url(bad).expect_err(bad);
+            assert!(error.contains(problem), "{bad:?}: {error}");
         }
         let longest = format!("unix:///{}", "s".repeat(106));
         assert_eq!(broker_url(&longest), Ok(BrokerLink::UnixSocket));

@@ -810,17 +810,22 @@ fn a_unix_socket_url_needs_an_absolute_path_and_no_tls_files() {
     assert_only(
         &errors(|c| c.sessions[0].options.session.broker_url = Some("unix://mqtt.sock".into())),
         "sessions[0].options.session.broker_url",
-        "needs an absolute socket path",
+        "needs the absolute path of the socket file",
     );
-    assert_only(
-        &errors(|c| {
-            let s = &mut c.sessions[0].options.session;
-            s.broker_url = Some("unix:///run/mqtt.sock".into());
-            s.ca_file = Some("/ca.pem".into());
-        }),
-        "sessions[0].options.session.ca_file",
-        "needs a TLS broker_url",
-    );
+    let errs = errors(|c| {
+        let s = &mut c.sessions[0].options.session;
+        s.broker_url = Some("unix:///run/mqtt.sock".into());
+        s.ca_file = Some("/ca.pem".into());
+        s.client_cert_file = Some("/c.pem".into());
+        s.client_key_file = Some("/c.key".into());
+    });
+    for key in ["ca_file", "client_cert_file", "client_key_file"] {
+        assert_error(
+            &errs,
+            &format!("sessions[0].options.session.{key}"),
+            "needs a TLS broker_url",
+        );
+    }
 }
 
 #[test]

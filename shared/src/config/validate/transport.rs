@@ -194,15 +194,13 @@ impl Validator<'_> {
                 "MQTT v3.1.1 does not allow a password without a username",
             );
         }
-        let tls_url = "a TLS broker_url (ssl://, mqtts:// or wss://)";
-        match link {
-            Some(BrokerLink::Plain) => {
-                self.plaintext(base, s, "an ssl://, mqtts:// or wss:// broker_url");
-                self.tls_files_need_tls(base, s, tls_url);
-            }
-            // Credentials sent on a Unix socket stay on the host.
-            Some(BrokerLink::UnixSocket) => self.tls_files_need_tls(base, s, tls_url),
-            Some(BrokerLink::Tls) | None => {}
+        // Credentials sent on a Unix socket stay on the host: only a plain network URL needs
+        // the opt-in.
+        if link == Some(BrokerLink::Plain) {
+            self.plaintext(base, s, "an ssl://, mqtts:// or wss:// broker_url");
+        }
+        if matches!(link, Some(BrokerLink::Plain | BrokerLink::UnixSocket)) {
+            self.tls_files_need_tls(base, s, "a TLS broker_url (ssl://, mqtts:// or wss://)");
         }
         self.client_cert_pair(base, s);
     }
