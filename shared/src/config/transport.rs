@@ -117,8 +117,8 @@ pub struct SessionOptions {
 #[serde(deny_unknown_fields)]
 pub struct SessionSettings {
     /// mqtt, required: `tcp|mqtt://host[:port]` (plain, default port 1883),
-    /// `ssl|mqtts://host[:port]` (TLS, 8883), `ws://host[:port][/path]` (80), `wss://…` (443),
-    /// or `unix:///absolute/path` (a Unix socket of a broker on the same host).
+    /// `ssl|mqtts://host[:port]` (TLS, 8883), or `unix:///absolute/path` (a Unix socket of a
+    /// broker on the same host).
     #[serde(default)]
     pub broker_url: Option<String>,
     /// mqtt, required: the MQTT client id. Receivers use a persistent session keyed by it, so it

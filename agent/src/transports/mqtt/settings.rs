@@ -321,7 +321,7 @@ pub(crate) fn parse_broker_url(url: &str) -> Result<Endpoint, SettingsError> {
         .ok_or_else(|| error("expected scheme://host[:port] or unix:///path"))?;
     let (tls, default_port) = match scheme.to_ascii_lowercase().as_str() {
         "tcp" | "mqtt" => (false, 1883),
-        "ssl" | "mqtts" | "tls" => (true, 8883),
+        "ssl" | "mqtts" => (true, 8883),
         _ => return Err(error("the scheme must be tcp, mqtt, ssl, mqtts or unix")),
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);

@@ -103,22 +103,21 @@ pub(super) fn http_url(s: &str) -> Result<Url<'_>, String> {
     Ok(u)
 }
 
-/// The MQTT broker URL schemes, and whether each is TLS.
-pub(super) const MQTT_SCHEMES: [(&str, bool); 6] = [
+/// The MQTT broker URL schemes over the network, and whether each is TLS (the agent's MQTT
+/// client speaks TCP and TLS, not WebSocket).
+pub(super) const MQTT_SCHEMES: [(&str, bool); 4] = [
     ("tcp", false),
     ("mqtt", false),
     ("ssl", true),
     ("mqtts", true),
-    ("ws", false),
-    ("wss", true),
 ];
 
 /// How an MQTT broker URL reaches its broker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum BrokerLink {
-    /// Over the network without TLS: `tcp://`, `mqtt://`, `ws://`.
+    /// Over the network without TLS: `tcp://`, `mqtt://`.
     Plain,
-    /// Over the network with TLS: `ssl://`, `mqtts://`, `wss://`.
+    /// Over the network with TLS: `ssl://`, `mqtts://`.
     Tls,
     /// A Unix socket of a broker on the same host, `unix:///path`: nothing crosses a network,
     /// and there is no TLS.
@@ -134,15 +133,18 @@ pub(super) fn broker_url(s: &str) -> Result<BrokerLink, String> {
     }
     let u = url(s)?;
     let Some(&(_, tls)) = MQTT_SCHEMES.iter().find(|(scheme, _)| *scheme == u.scheme) else {
+        let websocket = if u.scheme.starts_with("ws") {
+            " (the agent does not speak MQTT over WebSocket)"
+        } else {
+            ""
+        };
         return Err(format!(
-            "\"{s}\" has scheme \"{}\"; an MQTT broker URL is tcp://, mqtt://, ssl://, mqtts://, ws://, wss:// or unix://",
+            "\"{s}\" has scheme \"{}\"; an MQTT broker URL is tcp://, mqtt://, ssl://, mqtts:// or unix://{websocket}",
             u.scheme
         ));
     };
-    if !u.path.is_empty() && !u.scheme.starts_with("ws") {
-        return Err(format!(
-            "\"{s}\" has a path; only ws:// and wss:// broker URLs take one"
-        ));
+    if !u.path.is_empty() && u.path != "/" {
+        return Err(format!("\"{s}\" has a path; a broker URL takes none"));
     }
     Ok(if tls {
         BrokerLink::Tls
@@ -389,7 +391,12 @@ mod tests {
     fn broker_urls() {
         assert_eq!(broker_url("tcp://h:1883"), Ok(BrokerLink::Plain));
         assert_eq!(broker_url("mqtts://h"), Ok(BrokerLink::Tls));
-        assert_eq!(broker_url("wss://h/mqtt"), Ok(BrokerLink::Tls));
+        assert_eq!(broker_url("mqtts://h/"), Ok(BrokerLink::Tls));
+        assert!(
+            broker_url("wss://h/mqtt")
+                .expect_err("no WebSocket")
+                .contains("WebSocket")
+        );
         assert_eq!(
             broker_url("unix:///run/mosquitto/mqtt.sock"),
             Ok(BrokerLink::UnixSocket)

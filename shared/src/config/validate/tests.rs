@@ -775,7 +775,7 @@ fn broker_url_scheme_is_an_mqtt_one() {
     assert_only(
         &errors(|c| c.sessions[0].options.session.broker_url = Some("http://broker:1883".into())),
         "sessions[0].options.session.broker_url",
-        "an MQTT broker URL is tcp://, mqtt://, ssl://, mqtts://, ws://, wss:// or unix://",
+        "an MQTT broker URL is tcp://, mqtt://, ssl://, mqtts:// or unix://",
     );
 }
 
@@ -795,8 +795,7 @@ fn broker_url_host_and_port_parse() {
         "mqtt://b",
         "ssl://b:8883",
         "mqtts://10.0.0.1",
-        "ws://b/mqtt",
-        "wss://[::1]:443/mqtt",
+        "mqtts://[::1]:8883",
         "unix:///run/mosquitto/mqtt.sock",
     ] {
         let mut c = base();

@@ -197,10 +197,10 @@ impl Validator<'_> {
         // Credentials sent on a Unix socket stay on the host: only a plain network URL needs
         // the opt-in.
         if link == Some(BrokerLink::Plain) {
-            self.plaintext(base, s, "an ssl://, mqtts:// or wss:// broker_url");
+            self.plaintext(base, s, "an ssl:// or mqtts:// broker_url");
         }
         if matches!(link, Some(BrokerLink::Plain | BrokerLink::UnixSocket)) {
-            self.tls_files_need_tls(base, s, "a TLS broker_url (ssl://, mqtts:// or wss://)");
+            self.tls_files_need_tls(base, s, "a TLS broker_url (ssl:// or mqtts://)");
         }
         self.client_cert_pair(base, s);
     }
