@@ -133,7 +133,7 @@ pub(super) fn broker_url(s: &str) -> Result<BrokerLink, String> {
     }
     let u = url(s)?;
     let Some(&(_, tls)) = MQTT_SCHEMES.iter().find(|(scheme, _)| *scheme == u.scheme) else {
-        let websocket = if u.scheme.starts_with("ws") {
+        let websocket = if matches!(u.scheme.as_str(), "ws" | "wss") {
             " (the agent does not speak MQTT over WebSocket)"
         } else {
             ""
