@@ -1,16 +1,47 @@
 //! The agent's data path end to end: two real Mosquitto brokers, `ferry-agent run` between
 //! them with SQLite stores, and MQTT clients publishing to A and counting on B.
 
+use std::ops::Range;
 use std::time::Duration;
 
 use anyhow::Context;
 
 use ferry_tests::mqtt::QoS;
-use ferry_tests::{Mosquitto, publish_seq, wait};
+use ferry_tests::{Agent, Collector, Mosquitto, publish_seq, wait};
 
 use crate::agent_support::{Bridge, quiesced};
 
 const DELIVERY: Duration = Duration::from_secs(60);
+
+/// Every binding's topic on B received `seqs`.
+async fn arrived(bridge: &Bridge, collector: &Collector, seqs: Range<u64>) -> anyhow::Result<()> {
+    for binding in &bridge.bindings {
+        collector
+            .wait_for(&bridge.output(binding), seqs.clone(), DELIVERY)
+            .await?;
+    }
+    Ok(())
+}
+
+/// `0..n` arrived on every binding, and the agent settled: each binding received and sent
+/// `n`, dropped and dead-lettered none, nothing in flight, the law kept.
+async fn all_delivered(
+    bridge: &Bridge,
+    collector: &Collector,
+    agent: &Agent,
+    n: u64,
+) -> anyhow::Result<()> {
+    arrived(bridge, collector, 0..n).await?;
+    for c in quiesced(agent, &bridge.bindings, DELIVERY).await? {
+        assert_eq!(
+            (c.received, c.sent, c.dropped, c.dead_lettered),
+            (n, n, 0, 0),
+            "{c:?}\n{}",
+            agent.tail()
+        );
+    }
+    Ok(())
+}
 
 #[tokio::test]
 async fn fan_out_reaches_every_destination_and_counts_add_up() -> anyhow::Result<()> {
@@ -23,20 +54,7 @@ async fn fan_out_reaches_every_destination_and_counts_add_up() -> anyhow::Result
 
     const N: u64 = 500;
     publish_seq(&a.url(), &bridge.input(), 0..N, QoS::AtLeastOnce).await?;
-    for binding in &bridge.bindings {
-        collector
-            .wait_for(&bridge.output(binding), 0..N, DELIVERY)
-            .await?;
-    }
-    let counts = quiesced(&agent, &bridge.bindings, DELIVERY).await?;
-    for c in &counts {
-        assert_eq!(
-            (c.received, c.sent, c.dropped, c.dead_lettered),
-            (N, N, 0, 0),
-            "{c:?}\n{}",
-            agent.tail()
-        );
-    }
+    all_delivered(&bridge, &collector, &agent, N).await?;
     assert!(
         collector.counts().duplicates().is_empty(),
         "no crash, no duplicate"
@@ -74,31 +92,13 @@ async fn unix_sockets_deliver_across_a_broker_restart() -> anyhow::Result<()> {
     };
 
     publish_seq(&a.url(), &bridge.input(), 0..N / 2, QoS::AtLeastOnce).await?;
-    for binding in &bridge.bindings {
-        collector
-            .wait_for(&bridge.output(binding), 0..N / 2, DELIVERY)
-            .await?;
-    }
+    arrived(&bridge, &collector, 0..N / 2).await?;
     a.stop().await?;
     source_connected(false).await?;
     a.restart().await?;
     source_connected(true).await?;
     publish_seq(&a.url(), &bridge.input(), N / 2..N, QoS::AtLeastOnce).await?;
-    for binding in &bridge.bindings {
-        collector
-            .wait_for(&bridge.output(binding), 0..N, DELIVERY)
-            .await?;
-    }
-    let counts = quiesced(&agent, &bridge.bindings, DELIVERY).await?;
-    for c in &counts {
-        assert_eq!(
-            (c.received, c.sent, c.dropped, c.dead_lettered),
-            (N, N, 0, 0),
-            "{c:?}\n{}",
-            agent.tail()
-        );
-    }
-    Ok(())
+    all_delivered(&bridge, &collector, &agent, N).await
 }
 
 /// A flat-out burst into a small receive window. Mosquitto 2.0.11 does not keep to the
@@ -242,11 +242,7 @@ async fn destination_outage_is_absorbed_by_the_outbox() -> anyhow::Result<()> {
     let agent = bridge.start_agent().await?;
 
     publish_seq(&a.url(), &bridge.input(), 0..N / 2, QoS::AtLeastOnce).await?;
-    for binding in &bridge.bindings {
-        collector
-            .wait_for(&bridge.output(binding), 0..N / 2, DELIVERY)
-            .await?;
-    }
+    arrived(&bridge, &collector, 0..N / 2).await?;
     b.stop().await?;
     publish_seq(&a.url(), &bridge.input(), N / 2..N, QoS::AtLeastOnce).await?;
     // The source is drained into the outbox while the destination is away.
@@ -269,20 +265,7 @@ async fn destination_outage_is_absorbed_by_the_outbox() -> anyhow::Result<()> {
         assert!(c.in_flight > 0, "the backlog waits in the outbox: {c:?}");
     }
     b.restart().await?;
-    for binding in &bridge.bindings {
-        collector
-            .wait_for(&bridge.output(binding), 0..N, DELIVERY)
-            .await?;
-    }
-    let counts = quiesced(&agent, &bridge.bindings, DELIVERY).await?;
-    for c in &counts {
-        assert_eq!(
-            (c.received, c.sent, c.dead_lettered, c.dropped),
-            (N, N, 0, 0),
-            "{c:?}"
-        );
-    }
-    Ok(())
+    all_delivered(&bridge, &collector, &agent, N).await
 }
 
 /// A small `max_outbox_depth` with the destination down: intake stops at the limit (the

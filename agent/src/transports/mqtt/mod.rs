@@ -3,7 +3,8 @@
 //! - [`MqttSession`] owns one connection (v5 by default, v3.1.1 as an option;
 //!   `tcp://`, TLS `ssl://` or a local broker's `unix://` socket), polls its
 //!   event loop in a task until the shutdown token fires, reconnects with
-//!   backoff and publishes its connected state. [`MqttSession::start_with_receiver`] adds a [`MqttReceiver`];
+//!   backoff and publishes its connected state.
+//!   [`MqttSession::start_with_receiver`] adds a [`MqttReceiver`];
 //!   [`MqttSession::sender`] makes [`MqttSender`]s.
 //! - The receiver acknowledges in receive order, only after settle; see
 //!   `receiver` for the invariants. The sender resolves on the PUBACK of its own
